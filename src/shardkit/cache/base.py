@@ -1,0 +1,40 @@
+"""The shared cache interface: integer values under string keys, each call atomic.
+
+Counters use it for cached reads (add-if-absent with a TTL on a miss, adjusted on write)
+and for handing writers distinct shards. A cache may lose any key at any time (eviction,
+restart); counters stay correct when it does, only slower or staler within their TTL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Cache(Protocol):
+    """A shared cache of integers. Thread-safe; a child of ``os.fork()`` opens its own
+    connections. Values fit in signed 64-bit."""
+
+    url: str
+    """The cache's URL with any password redacted."""
+
+    def get(self, key: str) -> int | None:
+        """The value under ``key``, or None if absent."""
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, int]:
+        """Values of the present keys among ``keys``, in one round trip."""
+
+    def add(self, key: str, value: int, ttl: float) -> bool:
+        """Set ``key`` to ``value`` for ``ttl`` seconds only if absent. Atomic: of
+        concurrent adds exactly one wins. Returns whether this call set it."""
+
+    def incr(self, key: str, delta: int) -> int | None:
+        """Add ``delta`` (may be negative) to ``key`` if present and return the new value;
+        an absent key is left absent and None returned. Atomic; keeps the key's TTL."""
+
+    def delete(self, key: str) -> None:
+        """Remove ``key`` if present."""
+
+    def close(self) -> None:
+        """Release connections this cache opened (a live client is left alone)."""

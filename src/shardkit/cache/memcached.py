@@ -1,0 +1,105 @@
+"""The memcached cache (pymemcache), by URL (``memcached://host:port[,host:port…]``) or as a
+live pymemcache client."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import urlsplit
+
+from shardkit._fork import reset_in_child
+from shardkit.errors import BackendError, BackendUnavailable, ConfigurationError, MissingDriver
+
+# memcached counters are unsigned 64-bit and a decrement stops at 0, so signed values are
+# stored shifted by 2**63: every signed 64-bit value maps to one unsigned value, in order.
+_BIAS = 2**63
+_MAX_TTL = 30 * 24 * 3600  # memcached reads a longer expiry as an absolute time
+
+
+def _encode_key(key: str) -> str:
+    """memcached keys are at most 250 bytes of printable ASCII without spaces."""
+    if key.isascii() and key.isprintable() and " " not in key and len(key) <= 200:
+        return key
+    return "shardkit:sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+class MemcachedCache:
+    """memcached as the shared cache. Every call is one round trip and atomic on the
+    server (``add``, ``incr``/``decr``, ``get_multi``). Thread-safe (a pooled client);
+    a forked child opens its own sockets when the cache was opened by URL."""
+
+    def __init__(self, client: Any, *, url: str = "memcached://", servers: list[str] | None = None):
+        self._client = client
+        self._servers = servers
+        self.url = url
+        reset_in_child(self, MemcachedCache._after_fork)
+
+    @classmethod
+    def from_url(cls, url: str) -> MemcachedCache:
+        parts = urlsplit(url)
+        servers = [s for s in parts.netloc.split(",") if s]
+        if not servers or parts.path not in ("", "/") or parts.query:
+            raise ConfigurationError(f"a memcached URL is memcached://host:port, not {url!r}")
+        return cls(_pooled_client(servers), url=url, servers=servers)
+
+    def _after_fork(self) -> None:
+        if self._servers is not None:
+            # The parent's sockets are dropped unused; closing them would not hurt the
+            # parent (memcached has no session), but nothing may be sent on them.
+            self._client = _pooled_client(self._servers)
+
+    def _call(self, action: str, method: Any, *args: Any, **kwargs: Any) -> Any:
+        from pymemcache.exceptions import MemcacheError
+
+        try:
+            return method(*args, **kwargs)
+        except OSError as exc:
+            raise BackendUnavailable(f"cannot reach the cache at {self.url}: {exc}") from exc
+        except MemcacheError as exc:
+            raise BackendError(f"cache {self.url} failed while {action}: {exc}") from exc
+
+    def get(self, key: str) -> int | None:
+        value = self._call("reading", self._client.get, _encode_key(key))
+        return None if value is None else int(value) - _BIAS
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, int]:
+        encoded = {_encode_key(key): key for key in keys}
+        if not encoded:
+            return {}
+        values = self._call("reading", self._client.get_many, list(encoded))
+        return {encoded[k]: int(v) - _BIAS for k, v in values.items()}
+
+    def add(self, key: str, value: int, ttl: float) -> bool:
+        expire = min(_MAX_TTL, max(1, math.ceil(ttl)))
+        stored = str(value + _BIAS).encode()
+        return bool(
+            self._call("adding", self._client.add, _encode_key(key), stored, expire, noreply=False)
+        )
+
+    def incr(self, key: str, delta: int) -> int | None:
+        method = self._client.incr if delta >= 0 else self._client.decr
+        value = self._call("incrementing", method, _encode_key(key), abs(delta), noreply=False)
+        return None if value is None else int(value) - _BIAS
+
+    def delete(self, key: str) -> None:
+        self._call("deleting", self._client.delete, _encode_key(key), noreply=False)
+
+    def close(self) -> None:
+        if self._servers is not None:
+            self._client.close()
+
+
+def _pooled_client(servers: list[str]) -> Any:
+    try:
+        from pymemcache.client.base import PooledClient
+        from pymemcache.client.hash import HashClient
+    except ImportError as exc:
+        raise MissingDriver(
+            "the memcached cache needs its driver: pip install 'shardkit[memcached]'"
+        ) from exc
+    options: dict[str, Any] = {"connect_timeout": 5, "timeout": 5, "no_delay": True}
+    if len(servers) == 1:
+        return PooledClient(servers[0], **options)
+    return HashClient(servers, use_pooling=True, **options)

@@ -1,0 +1,41 @@
+"""What every counter kind is given: its backends and the kit's settings."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from shardkit.cache.base import Cache
+from shardkit.errors import BackendError
+from shardkit.store.base import Store
+
+log = logging.getLogger("shardkit")
+
+
+@dataclass(frozen=True)
+class CounterSettings:
+    """The backends and settings a kit hands each of its counters."""
+
+    store: Store
+    cache: Cache
+    namespace: str
+    """Prefix of every cache key, so kits on different stores can share one cache."""
+    cache_ttl: float = 5.0
+    """Seconds a cached value may live: the bound on a cached read's staleness."""
+    max_shards: int = 1000
+    key_retention: float = 86400.0
+    """Seconds an idempotency key is kept at least."""
+    random: Callable[[], float] = field(default=random.random)
+
+    def cache_key(self, name: str, part: str) -> str:
+        return f"{self.namespace}{part}:{name}"
+
+    def best_effort(self, action: str, call: Callable[[], object]) -> None:
+        """Run a cache call whose failure must not fail the caller (the store write it
+        follows has committed already: raising would invite a doubled retry)."""
+        try:
+            call()
+        except BackendError as exc:
+            log.warning("cache %s failed while %s: %s", self.cache.url, action, exc)

@@ -1,0 +1,53 @@
+"""The one exception tree of shardkit: every error the library raises is a ShardkitError.
+
+Validation errors are raised before anything is written, so a failed call leaves the
+store as it was. Backend errors wrap the driver's exception (``raise ... from exc``)
+and never carry a password: URLs in messages are redacted.
+"""
+
+from __future__ import annotations
+
+
+class ShardkitError(Exception):
+    """Root of every error raised by shardkit."""
+
+
+class ValidationError(ShardkitError, ValueError):
+    """Bad input to a public call; nothing was written."""
+
+
+class InvalidName(ValidationError):
+    """A counter name or idempotency key that is empty, too long or has control characters."""
+
+
+class InvalidDelta(ValidationError):
+    """A delta that is not an int (bools and floats included) or is outside signed 64-bit."""
+
+
+class InvalidShardCount(ValidationError):
+    """A shard count below 1 or above the kit's configured maximum."""
+
+
+class ConfigurationError(ShardkitError):
+    """A kit that cannot be built: unknown URL scheme, bad option, missing driver."""
+
+
+class MissingDriver(ConfigurationError):
+    """The driver of a backend is not installed; the message names the extra to install."""
+
+
+class CounterNotFound(ShardkitError, LookupError):
+    """A counter was looked up by name and does not exist."""
+
+
+class CounterKindMismatch(ShardkitError):
+    """A name is already used by a counter of another kind."""
+
+
+class BackendError(ShardkitError):
+    """A store or cache operation failed. Whether a failed write was applied is unknown:
+    retry it with the same idempotency key to make the retry safe."""
+
+
+class BackendUnavailable(BackendError):
+    """A store or cache server could not be reached (the message names the redacted URL)."""

@@ -1,0 +1,166 @@
+"""The kit: one store, one cache, and the counters built on them."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from shardkit.cache import Cache, open_cache
+from shardkit.counters import CounterSettings, ShardedCounter
+from shardkit.errors import ConfigurationError, CounterNotFound, ShardkitError
+from shardkit.store import CounterInfo, Store, open_store
+from shardkit.validation import check_name, check_shards
+
+DEFAULT_STORE = "sqlite:///shardkit.db"
+DEFAULT_CACHE = "memory://"
+DEFAULT_SHARDS = 20
+
+
+class Kit:
+    """A store and a cache, and the counters that live in them.
+
+    Thread-safe. A kit opened before ``os.fork()`` keeps working in the children: no
+    connection is shared across a fork. Use it as a context manager, or ``close()`` it.
+    """
+
+    def __init__(self, settings: CounterSettings) -> None:
+        self._settings = settings
+        self._lock = threading.Lock()
+        self._counters: dict[str, ShardedCounter] = {}
+
+    @property
+    def store(self) -> Store:
+        return self._settings.store
+
+    @property
+    def cache(self) -> Cache:
+        return self._settings.cache
+
+    def __repr__(self) -> str:
+        return f"<Kit store={self.store.url} cache={self.cache.url}>"
+
+    def __enter__(self) -> Kit:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connections the kit opened (live engines and clients stay open)."""
+        self.store.close()
+        self.cache.close()
+
+    def sharded(self, name: str, shards: int | None = None) -> ShardedCounter:
+        """The sharded counter ``name``, created on first use with ``shards`` shards
+        (default 20). An existing counter is grown to ``shards`` when that is larger and
+        otherwise kept as it is, so every process may open it with its own default."""
+        check_name(name)
+        if shards is not None:
+            check_shards(shards, self._settings.max_shards)
+        with self._lock:
+            counter = self._counters.get(name)
+        if counter is not None and (shards is None or shards <= counter._shards):
+            return counter
+        info = self.store.open_counter(name, ShardedCounter.kind, shards or DEFAULT_SHARDS)
+        counter = ShardedCounter(info, self._settings)
+        with self._lock:
+            self._counters[name] = counter
+        return counter
+
+    def get(self, name: str) -> ShardedCounter:
+        """The existing counter ``name``; raises ``CounterNotFound`` if there is none."""
+        check_name(name)
+        with self._lock:
+            counter = self._counters.get(name)
+        if counter is not None:
+            return counter
+        info = self.store.counter(name)
+        if info is None:
+            raise CounterNotFound(f"no counter named {name!r} in {self.store.url}")
+        return self.sharded(name)
+
+    def counters(self) -> list[CounterInfo]:
+        """Every counter in the store, ordered by name."""
+        return self.store.counters()
+
+    def values(self, names: Iterable[str], *, fresh: bool = False) -> dict[str, int]:
+        """Values of many counters: one cache round trip for the cached ones and one
+        store query for the rest (all of them when ``fresh``). Unknown names read 0."""
+        wanted = [check_name(name) for name in names]
+        settings = self._settings
+        keys = {settings.cache_key(name, "sharded:value"): name for name in wanted}
+        found: dict[str, int] = {}
+        if not fresh:
+            try:
+                found = {keys[k]: v for k, v in self.cache.get_many(list(keys)).items()}
+            except ShardkitError:
+                found = {}
+        missing = [name for name in wanted if name not in found]
+        totals = self.store.totals(missing)
+        if not fresh:
+            settings.best_effort("caching values", lambda: self._cache_values(totals))
+        found.update(totals)
+        return {name: found[name] for name in wanted}
+
+    def _cache_values(self, totals: dict[str, int]) -> None:
+        settings = self._settings
+        for name, total in totals.items():
+            self.cache.add(settings.cache_key(name, "sharded:value"), total, settings.cache_ttl)
+
+    def purge_keys(self) -> int:
+        """Delete idempotency keys older than the kit's ``key_retention``; return how many."""
+        return self.store.purge_keys(time.time() - self._settings.key_retention)
+
+
+def connect(
+    store: str | Engine | Store | None = None,
+    cache: str | Cache | Any | None = None,
+    *,
+    prefix: str = "shardkit_",
+    cache_ttl: float = 5.0,
+    max_shards: int = 1000,
+    key_retention: float = 86400.0,
+) -> Kit:
+    """Open a kit.
+
+    ``store`` is a URL (default ``$SHARDKIT_STORE`` or ``sqlite:///shardkit.db``), a
+    SQLAlchemy ``Engine`` or a ``Store``; ``cache`` a URL (default ``$SHARDKIT_CACHE`` or
+    ``memory://``), a live redis-py / pymemcache client or a ``Cache``. Tables are
+    created if missing (named with ``prefix``). Both backends are reached before this
+    returns: an unreachable server raises ``BackendUnavailable`` naming its URL without
+    the password.
+    """
+    if not prefix.isidentifier() or len(prefix) > 40:
+        raise ConfigurationError(f"table prefix must be an identifier, ≤ 40 characters: {prefix!r}")
+    if not cache_ttl > 0 or not key_retention >= 0:
+        raise ConfigurationError("cache_ttl must be > 0 and key_retention ≥ 0")
+    if max_shards < 1:
+        raise ConfigurationError("max_shards must be ≥ 1")
+    store = store or os.environ.get("SHARDKIT_STORE") or DEFAULT_STORE
+    the_store = open_store(store, prefix=prefix)
+    try:
+        the_store.create_schema()
+        the_cache = open_cache(cache or os.environ.get("SHARDKIT_CACHE") or DEFAULT_CACHE)
+    except BaseException:
+        the_store.close()
+        raise
+    try:
+        the_cache.get(f"shardkit:{prefix}:ping")
+    except BaseException:
+        the_store.close()
+        the_cache.close()
+        raise
+    settings = CounterSettings(
+        store=the_store,
+        cache=the_cache,
+        namespace=f"shardkit:{prefix}:",
+        cache_ttl=cache_ttl,
+        max_shards=max_shards,
+        key_retention=key_retention,
+    )
+    return Kit(settings)

@@ -1,0 +1,25 @@
+"""The durable store: where counters live. One interface, backends chosen by URL."""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import Engine
+
+from shardkit.errors import ConfigurationError
+from shardkit.store.base import CounterInfo, Store
+
+
+def open_store(target: str | Engine | Store, *, prefix: str = "shardkit_") -> Store:
+    """A store for a URL (``sqlite:///…``, ``postgresql://…``, ``mysql://…``), a live
+    SQLAlchemy ``Engine``, or an object that already implements ``Store``."""
+    from shardkit.store.sql import SqlStore, engine_from_url
+
+    if isinstance(target, str):
+        return SqlStore(engine_from_url(target), prefix=prefix, owns_engine=True)
+    if isinstance(target, Engine):
+        return SqlStore(target, prefix=prefix)
+    if isinstance(target, Store):
+        return target
+    raise ConfigurationError(f"a store is a URL, an Engine or a Store, not {type(target).__name__}")
+
+
+__all__ = ["CounterInfo", "Store", "open_store"]

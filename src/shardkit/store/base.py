@@ -1,0 +1,64 @@
+"""The durable store interface: where counter shards, their configuration and idempotency
+keys live. Every method is atomic; none reads then writes across calls."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class CounterInfo:
+    """A counter's persisted configuration."""
+
+    name: str
+    kind: str
+    shards: int
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Durable storage of counters.
+
+    Implementations are thread-safe, and safe to keep across ``os.fork()``: a child never
+    uses a connection opened by its parent.
+    """
+
+    url: str
+    """The store's URL with any password redacted."""
+
+    def create_schema(self) -> None:
+        """Create the store's tables if missing. Idempotent, safe to race."""
+
+    def open_counter(self, name: str, kind: str, shards: int) -> CounterInfo:
+        """Create counter ``name`` or raise its shard count to ``shards``; never lower it.
+
+        Atomic. Raises ``CounterKindMismatch`` if ``name`` is a counter of another kind.
+        """
+
+    def counter(self, name: str) -> CounterInfo | None:
+        """The configuration of counter ``name``, or None if it does not exist."""
+
+    def counters(self) -> list[CounterInfo]:
+        """Every counter, ordered by name."""
+
+    def add(self, name: str, shard: int, delta: int, key: str | None = None) -> bool:
+        """Add ``delta`` to one shard row, creating the row if needed, in one atomic step.
+
+        With ``key``, the key is recorded in the same transaction: a key already recorded
+        for ``name`` makes the call a no-op that returns False. Returns True when applied.
+        """
+
+    def total(self, name: str) -> int:
+        """Exact value of ``name``: the sum of its shard rows (0 if it has none)."""
+
+    def totals(self, names: Iterable[str]) -> dict[str, int]:
+        """Exact values of many counters in one query; a name without shard rows maps to 0."""
+
+    def purge_keys(self, older_than: float) -> int:
+        """Delete idempotency keys recorded before the epoch time ``older_than``; return how
+        many were deleted. A purged key no longer protects against a repeated write."""
+
+    def close(self) -> None:
+        """Release the store's connections (those it opened; a live engine is left alone)."""

@@ -1,0 +1,380 @@
+"""The SQL store: SQLite, PostgreSQL and MySQL/MariaDB through SQLAlchemy Core.
+
+Each shard write is one atomic upsert (``INSERT … ON CONFLICT … DO UPDATE SET value =
+value + excluded.value``, or ``ON DUPLICATE KEY UPDATE`` on MySQL), never a read followed
+by a write. The statement is built and compiled once by SQLAlchemy per dialect; the hot
+path then runs it on a held autocommit connection, so a write costs one round trip and
+almost no client CPU. Dialect differences live in ``_Dialect`` and nowhere else.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql, postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.pool import QueuePool
+
+from shardkit import _urls
+from shardkit._fork import reset_in_child
+from shardkit.errors import (
+    BackendError,
+    BackendUnavailable,
+    ConfigurationError,
+    CounterKindMismatch,
+    MissingDriver,
+)
+from shardkit.store.base import CounterInfo
+from shardkit.validation import MAX_NAME_LENGTH
+
+# URL scheme -> (the driver SQLAlchemy should use, the extra that installs it).
+_DRIVERS = {
+    "sqlite": ("sqlite", None),
+    "postgresql": ("postgresql+psycopg", "postgres"),
+    "postgres": ("postgresql+psycopg", "postgres"),
+    "mysql": ("mysql+pymysql", "mysql"),
+    "mariadb": ("mariadb+pymysql", "mysql"),
+}
+
+# Connections of a forked parent: kept referenced in the child, never used, closed or
+# returned to a pool, so the child sends nothing on a socket it shares with the parent.
+_INHERITED: list[object] = []
+
+
+class _Text(sa.types.TypeDecorator[str]):
+    """Names and keys: compared byte for byte on every database.
+
+    MySQL's string collations ignore case and trailing spaces, so two different counter
+    names could meet on one row; there the column is VARBINARY holding UTF-8.
+    """
+
+    impl = sa.String(MAX_NAME_LENGTH)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: sa.Dialect) -> sa.types.TypeEngine[Any]:
+        if dialect.name in ("mysql", "mariadb"):
+            return dialect.type_descriptor(mysql.VARBINARY(4 * MAX_NAME_LENGTH))
+        return dialect.type_descriptor(sa.String(MAX_NAME_LENGTH))
+
+    def process_bind_param(self, value: Any, dialect: sa.Dialect) -> Any:
+        if isinstance(value, str) and dialect.name in ("mysql", "mariadb"):
+            return value.encode()
+        return value
+
+    def process_result_value(self, value: Any, dialect: sa.Dialect) -> str | None:
+        return value.decode() if isinstance(value, bytes) else value
+
+
+class _Dialect:
+    """The statements whose SQL differs between databases, built once per store."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.is_mysql = name in ("mysql", "mariadb")
+
+    def insert_ignore(self, conn: Connection, table: sa.Table, row: Mapping[str, Any]) -> bool:
+        """INSERT ``row`` unless its primary key exists; return whether it was inserted.
+
+        Racing inserts of one key wait for each other, so exactly one returns True.
+        """
+        if self.is_mysql:
+            result = conn.execute(mysql.insert(table).prefix_with("IGNORE"), row)
+            return result.rowcount == 1
+        module = postgresql if self.name == "postgresql" else sqlite
+        statement = module.insert(table).on_conflict_do_nothing().returning(sa.literal(1))
+        return conn.execute(statement, row).first() is not None
+
+    def upsert_add(self, shards: sa.Table) -> sa.Insert:
+        """INSERT a shard row, or add to the existing row's value, in one statement."""
+        values: dict[str, Any] = {
+            "name": sa.bindparam("p_name"),
+            "shard": sa.bindparam("p_shard"),
+            "value": sa.bindparam("p_delta"),
+        }
+        if self.is_mysql:
+            my = mysql.insert(shards).values(values)
+            upsert: sa.Insert = my.on_duplicate_key_update(value=shards.c.value + my.inserted.value)
+        else:
+            module = postgresql if self.name == "postgresql" else sqlite
+            ins = module.insert(shards).values(values)
+            upsert = ins.on_conflict_do_update(
+                index_elements=[shards.c.name, shards.c.shard],
+                set_={"value": shards.c.value + ins.excluded.value},
+            )
+        return upsert
+
+
+class _Compiled:
+    """A statement compiled once, run on a raw DB-API cursor with minimal overhead."""
+
+    def __init__(self, statement: sa.Insert, dialect: sa.Dialect) -> None:
+        compiled = statement.compile(dialect=dialect)
+        self.sql = compiled.string
+        self.order = compiled.positiontup if compiled.positional else None
+
+    def params(self, values: Mapping[str, Any]) -> Any:
+        if self.order is None:
+            return values
+        return tuple(values[key] for key in self.order)
+
+
+class SqlStore:
+    """A durable store on any SQL database SQLAlchemy reaches through one of our drivers.
+
+    Tables are named ``{prefix}counters``, ``{prefix}shards`` and ``{prefix}keys``.
+    Thread-safe; fork-safe (a child opens its own connections). Writes without an
+    idempotency key run on held autocommit connections (at most ``pool_size - 1`` held,
+    so other users of the engine's pool are never starved).
+    """
+
+    def __init__(self, engine: Engine, *, prefix: str = "shardkit_", owns_engine: bool = False):
+        self.engine = engine
+        self.url = engine.url.render_as_string(hide_password=True)
+        self._owns_engine = owns_engine
+        self._dialect = _Dialect(engine.dialect.name)
+        if engine.dialect.name not in ("sqlite", "postgresql", "mysql", "mariadb"):
+            raise ConfigurationError(f"unsupported SQL database {engine.dialect.name!r}")
+        metadata = sa.MetaData()
+        self.counters_table = sa.Table(
+            f"{prefix}counters",
+            metadata,
+            sa.Column("name", _Text(), primary_key=True),
+            sa.Column("kind", sa.String(16), nullable=False),
+            sa.Column("shards", sa.Integer, nullable=False),
+        )
+        self.shards_table = sa.Table(
+            f"{prefix}shards",
+            metadata,
+            sa.Column("name", _Text(), primary_key=True),
+            sa.Column("shard", sa.Integer, primary_key=True, autoincrement=False),
+            sa.Column("value", sa.BigInteger, nullable=False),
+        )
+        self.keys_table = sa.Table(
+            f"{prefix}keys",
+            metadata,
+            sa.Column("name", _Text(), primary_key=True),
+            sa.Column("key", _Text(), primary_key=True),
+            sa.Column("created_at", sa.Float, nullable=False, index=True),
+        )
+        self.metadata = metadata
+        self._upsert_add = self._dialect.upsert_add(self.shards_table)
+        self._fast_add = _Compiled(self._upsert_add, engine.dialect)
+        pool = engine.pool
+        self._max_held = pool.size() - 1 if isinstance(pool, QueuePool) else 0
+        self._held: queue.SimpleQueue[Connection] = queue.SimpleQueue()
+        reset_in_child(self, SqlStore._after_fork)
+
+    def _after_fork(self) -> None:
+        _INHERITED.append(self._held)
+        self._held = queue.SimpleQueue()
+        self.engine.dispose(close=False)
+
+    # -- errors ------------------------------------------------------------------------
+
+    def _error(self, exc: Exception, action: str) -> BackendError:
+        detail = _urls.scrub(str(getattr(exc, "orig", None) or exc), str(self.engine.url))
+        detail = detail.strip().splitlines()[0] if detail.strip() else type(exc).__name__
+        if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+            return BackendUnavailable(f"lost the store at {self.url} while {action}: {detail}")
+        if isinstance(exc, sa.exc.OperationalError) and "connect" in detail.lower():
+            return BackendUnavailable(f"cannot reach the store at {self.url}: {detail}")
+        return BackendError(f"store {self.url} failed while {action}: {detail}")
+
+    @contextmanager
+    def _transaction(self, action: str) -> Iterator[Connection]:
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except SQLAlchemyError as exc:
+            raise self._error(exc, action) from exc
+
+    def _read(self, action: str, statement: sa.Executable) -> list[Any]:
+        try:
+            with self.engine.connect() as conn:
+                return list(conn.execute(statement))
+        except SQLAlchemyError as exc:
+            raise self._error(exc, action) from exc
+
+    # -- schema ------------------------------------------------------------------------
+
+    def create_schema(self) -> None:
+        """Create the tables if missing. Concurrent callers may race: the loser's
+        "already exists" error is absorbed by a second, checking, attempt."""
+        try:
+            with self.engine.begin() as conn:
+                if self._dialect.name == "sqlite" and self.engine.url.database:
+                    conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+            for attempt in range(2):
+                try:
+                    self.metadata.create_all(self.engine, checkfirst=True)
+                    return
+                except (sa.exc.ProgrammingError, sa.exc.IntegrityError, sa.exc.OperationalError):
+                    if attempt:
+                        raise
+        except SQLAlchemyError as exc:
+            raise self._error(exc, "creating the schema") from exc
+
+    # -- counters ----------------------------------------------------------------------
+
+    def open_counter(self, name: str, kind: str, shards: int) -> CounterInfo:
+        table = self.counters_table
+        with self._transaction(f"opening counter {name!r}") as conn:
+            row = {"name": name, "kind": kind, "shards": shards}
+            self._dialect.insert_ignore(conn, table, row)
+            conn.execute(
+                sa.update(table)
+                .where(table.c.name == name, table.c.kind == kind, table.c.shards < shards)
+                .values(shards=shards)
+            )
+            found = conn.execute(
+                sa.select(table.c.kind, table.c.shards).where(table.c.name == name)
+            ).one()
+        if found.kind != kind:
+            raise CounterKindMismatch(f"{name!r} is a {found.kind} counter, not a {kind} counter")
+        return CounterInfo(name, kind, int(found.shards))
+
+    def counter(self, name: str) -> CounterInfo | None:
+        table = self.counters_table
+        rows = self._read(
+            f"reading counter {name!r}",
+            sa.select(table.c.name, table.c.kind, table.c.shards).where(table.c.name == name),
+        )
+        return CounterInfo(rows[0].name, rows[0].kind, int(rows[0].shards)) if rows else None
+
+    def counters(self) -> list[CounterInfo]:
+        table = self.counters_table
+        rows = self._read(
+            "listing counters",
+            sa.select(table.c.name, table.c.kind, table.c.shards).order_by(table.c.name),
+        )
+        return [CounterInfo(row.name, row.kind, int(row.shards)) for row in rows]
+
+    # -- writes ------------------------------------------------------------------------
+
+    def add(self, name: str, shard: int, delta: int, key: str | None = None) -> bool:
+        params = {"p_name": name, "p_shard": shard, "p_delta": delta}
+        if key is None:
+            self._fast(params)
+            return True
+        with self._transaction(f"adding to counter {name!r}") as conn:
+            row = {"name": name, "key": key, "created_at": time.time()}
+            if not self._dialect.insert_ignore(conn, self.keys_table, row):
+                return False
+            conn.execute(self._upsert_add, params)
+        return True
+
+    def _fast(self, params: Mapping[str, Any]) -> None:
+        """Run the precompiled upsert on a held autocommit connection: one round trip."""
+        try:
+            conn = self._held.get_nowait()
+        except queue.Empty:
+            conn = self._connect_autocommit()
+        try:
+            cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+            try:
+                cursor.execute(self._fast_add.sql, self._fast_add.params(params))
+            finally:
+                cursor.close()
+        except Exception as exc:
+            conn.invalidate()
+            conn.close()
+            dbapi_error = self.engine.dialect.loaded_dbapi.Error
+            if isinstance(exc, dbapi_error):
+                raise self._error(exc, f"adding to counter {params['p_name']!r}") from exc
+            raise
+        if self._held.qsize() < self._max_held:
+            self._held.put(conn)
+        else:
+            conn.close()
+
+    def _connect_autocommit(self) -> Connection:
+        try:
+            conn = self.engine.connect()
+            return conn.execution_options(isolation_level="AUTOCOMMIT")
+        except SQLAlchemyError as exc:
+            raise self._error(exc, "connecting") from exc
+
+    # -- reads -------------------------------------------------------------------------
+
+    def total(self, name: str) -> int:
+        return self.totals([name])[name]
+
+    def totals(self, names: Iterable[str]) -> dict[str, int]:
+        wanted = list(dict.fromkeys(names))
+        result = dict.fromkeys(wanted, 0)
+        if not wanted:
+            return result
+        table = self.shards_table
+        rows = self._read(
+            "reading counter values",
+            sa.select(table.c.name, sa.func.sum(table.c.value))
+            .where(table.c.name.in_(wanted))
+            .group_by(table.c.name),
+        )
+        for name, total in rows:
+            result[name] = int(total)
+        return result
+
+    # -- maintenance -------------------------------------------------------------------
+
+    def purge_keys(self, older_than: float) -> int:
+        table = self.keys_table
+        with self._transaction("purging idempotency keys") as conn:
+            deleted = conn.execute(sa.delete(table).where(table.c.created_at < older_than))
+        return int(deleted.rowcount)
+
+    def close(self) -> None:
+        while True:
+            try:
+                self._held.get_nowait().close()
+            except queue.Empty:
+                break
+        if self._owns_engine:
+            self.engine.dispose()
+
+
+def engine_from_url(url: str) -> Engine:
+    """Create an engine for a store URL, choosing our driver when the URL names none.
+
+    Raises ``MissingDriver`` naming the extra to install, or ``ConfigurationError``.
+    """
+    scheme_part, sep, rest = url.partition("://")
+    if not sep:
+        raise ConfigurationError(f"not a store URL: {_urls.redact(url)!r}")
+    base = scheme_part.split("+", 1)[0].lower()
+    if base not in _DRIVERS:
+        raise ConfigurationError(f"unknown store URL scheme {scheme_part!r}")
+    driver, extra = _DRIVERS[base]
+    if "+" not in scheme_part:
+        url = f"{driver}://{rest}"
+    options: dict[str, Any] = {}
+    if base == "sqlite":
+        database = sa.make_url(url).database
+        if not database or database == ":memory:":
+            raise ConfigurationError(
+                "an in-memory SQLite database is private to one connection; use a file, "
+                "e.g. sqlite:///shardkit.db"
+            )
+        # Writers queue on SQLite's database lock instead of failing after 5 s.
+        options["connect_args"] = {"timeout": 60}
+    try:
+        return sa.create_engine(url, **options)
+    except (ImportError, NoSuchModuleError) as exc:
+        if extra is None or (isinstance(exc, NoSuchModuleError) and "+" in scheme_part):
+            raise ConfigurationError(
+                f"no SQLAlchemy driver for {_urls.redact(url)!r}: {exc}"
+            ) from exc
+        raise MissingDriver(
+            f"the {base} store needs its driver: pip install 'shardkit[{extra}]'"
+        ) from exc
+    except ArgumentError as exc:
+        raise ConfigurationError(f"bad store URL {_urls.redact(url)!r}: {exc}") from exc
+
+
+__all__ = ["SqlStore", "engine_from_url"]

@@ -1,0 +1,47 @@
+"""Checks applied to every public input before anything is written."""
+
+from __future__ import annotations
+
+import unicodedata
+
+from shardkit.errors import InvalidDelta, InvalidName, InvalidShardCount
+
+MAX_NAME_LENGTH = 200
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+
+def check_name(name: object, what: str = "counter name") -> str:
+    """Return ``name`` if it is a usable counter name or idempotency key.
+
+    A name is a non-empty ``str`` of at most 200 characters with no control characters
+    (nor lone surrogates, which no database can store).
+    """
+    if not isinstance(name, str):
+        raise InvalidName(f"{what} must be a str, not {type(name).__name__}")
+    if not name:
+        raise InvalidName(f"{what} must not be empty")
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidName(f"{what} is {len(name)} characters long; the limit is {MAX_NAME_LENGTH}")
+    for char in name:
+        if unicodedata.category(char) in ("Cc", "Cs"):
+            raise InvalidName(f"{what} {name!r} contains the control character {char!r}")
+    return name
+
+
+def check_delta(delta: object) -> int:
+    """Return ``delta`` if it is an int (not a bool) within signed 64-bit."""
+    if isinstance(delta, bool) or not isinstance(delta, int):
+        raise InvalidDelta(f"delta must be an int, not {type(delta).__name__}")
+    if not INT64_MIN <= delta <= INT64_MAX:
+        raise InvalidDelta(f"delta {delta} is outside signed 64-bit")
+    return delta
+
+
+def check_shards(shards: object, maximum: int) -> int:
+    """Return ``shards`` if it is an int in ``1..maximum``."""
+    if isinstance(shards, bool) or not isinstance(shards, int):
+        raise InvalidShardCount(f"shard count must be an int, not {type(shards).__name__}")
+    if not 1 <= shards <= maximum:
+        raise InvalidShardCount(f"shard count {shards} is outside 1..{maximum}")
+    return shards
