@@ -66,7 +66,9 @@ class Kit:
             counter = self._counters.get(name)
         if counter is not None and (shards is None or shards <= counter._shards):
             return counter
-        info = self.store.open_counter(name, ShardedCounter.kind, shards or DEFAULT_SHARDS)
+        info = self.store.open_counter(
+            name, ShardedCounter.kind, shards or DEFAULT_SHARDS, grow=shards is not None
+        )
         counter = ShardedCounter(info, self._settings)
         with self._lock:
             self._counters[name] = counter

@@ -11,9 +11,11 @@ from shardkit.errors import BackendError, BackendUnavailable, MissingDriver
 
 # INCRBY creates a missing key; a counter's cached value must not be created by a write
 # (it would hold the delta alone), so the increment is conditional, in one atomic script.
+# The new value is returned as GET's string: Lua numbers are doubles, exact only to 2**53.
 _INCR_IF_EXISTS = """
 if redis.call('exists', KEYS[1]) == 1 then
-  return redis.call('incrby', KEYS[1], ARGV[1])
+  redis.call('incrby', KEYS[1], ARGV[1])
+  return redis.call('get', KEYS[1])
 end
 return false
 """

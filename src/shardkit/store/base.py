@@ -31,8 +31,9 @@ class Store(Protocol):
     def create_schema(self) -> None:
         """Create the store's tables if missing. Idempotent, safe to race."""
 
-    def open_counter(self, name: str, kind: str, shards: int) -> CounterInfo:
-        """Create counter ``name`` or raise its shard count to ``shards``; never lower it.
+    def open_counter(self, name: str, kind: str, shards: int, *, grow: bool = True) -> CounterInfo:
+        """Create counter ``name`` with ``shards`` shards, or, with ``grow``, raise an
+        existing counter's shard count to ``shards``; never lower it.
 
         Atomic. Raises ``CounterKindMismatch`` if ``name`` is a counter of another kind.
         """

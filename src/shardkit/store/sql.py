@@ -154,13 +154,16 @@ class SqlStore:
             sa.Column("name", _Text(), primary_key=True),
             sa.Column("shard", sa.Integer, primary_key=True, autoincrement=False),
             sa.Column("value", sa.BigInteger, nullable=False),
+            # SQLite turns an integer sum past 64 bits into a REAL: refuse it instead, so
+            # an overflowing write fails and changes nothing, as on the other databases.
+            sa.CheckConstraint("typeof(value) = 'integer'").ddl_if(dialect="sqlite"),
         )
         self.keys_table = sa.Table(
             f"{prefix}keys",
             metadata,
             sa.Column("name", _Text(), primary_key=True),
             sa.Column("key", _Text(), primary_key=True),
-            sa.Column("created_at", sa.Float, nullable=False, index=True),
+            sa.Column("created_at", sa.Double, nullable=False, index=True),
         )
         self.metadata = metadata
         self._upsert_add = self._dialect.upsert_add(self.shards_table)
@@ -222,16 +225,17 @@ class SqlStore:
 
     # -- counters ----------------------------------------------------------------------
 
-    def open_counter(self, name: str, kind: str, shards: int) -> CounterInfo:
+    def open_counter(self, name: str, kind: str, shards: int, *, grow: bool = True) -> CounterInfo:
         table = self.counters_table
         with self._transaction(f"opening counter {name!r}") as conn:
             row = {"name": name, "kind": kind, "shards": shards}
-            self._dialect.insert_ignore(conn, table, row)
-            conn.execute(
-                sa.update(table)
-                .where(table.c.name == name, table.c.kind == kind, table.c.shards < shards)
-                .values(shards=shards)
-            )
+            created = self._dialect.insert_ignore(conn, table, row)
+            if grow and not created:
+                conn.execute(
+                    sa.update(table)
+                    .where(table.c.name == name, table.c.kind == kind, table.c.shards < shards)
+                    .values(shards=shards)
+                )
             found = conn.execute(
                 sa.select(table.c.kind, table.c.shards).where(table.c.name == name)
             ).one()

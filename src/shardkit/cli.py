@@ -1,0 +1,135 @@
+"""The ``shardkit`` command: parses, calls the public API, renders with Rich."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+import shardkit
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+class Context:
+    """The global options, and the kit they open (only when a command needs one)."""
+
+    def __init__(self, store: str | None, cache: str | None, prefix: str) -> None:
+        self.store = store
+        self.cache = cache
+        self.prefix = prefix
+        self._kit: shardkit.Kit | None = None
+
+    @property
+    def kit(self) -> shardkit.Kit:
+        if self._kit is None:
+            self._kit = shardkit.connect(self.store, self.cache, prefix=self.prefix)
+        return self._kit
+
+    def close(self) -> None:
+        if self._kit is not None:
+            self._kit.close()
+
+
+class _Group(click.Group):
+    """Turns every ShardkitError into one line on stderr and exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except shardkit.ShardkitError as exc:
+            err.print(f"[red]error:[/red] {exc}", markup=True, soft_wrap=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Group)
+@click.option("--store", envvar="SHARDKIT_STORE", help="Store URL [default: sqlite:///shardkit.db]")
+@click.option("--cache", envvar="SHARDKIT_CACHE", help="Cache URL [default: memory://]")
+@click.option("--prefix", default="shardkit_", show_default=True, help="Table name prefix.")
+@click.version_option(shardkit.__version__, prog_name="shardkit")
+@click.pass_context
+def main(ctx: click.Context, store: str | None, cache: str | None, prefix: str) -> None:
+    """Hot counters that take far more writes per second than one row can."""
+    context = Context(store, cache, prefix)
+    ctx.obj = context
+    ctx.call_on_close(context.close)
+
+
+pass_context = click.make_pass_decorator(Context)
+
+
+@main.command()
+@click.argument("name")
+@click.option("--by", "delta", type=int, default=1, show_default=True, help="Delta (may be < 0).")
+@click.option("--key", help="Idempotency key: a repeated call with the same key applies once.")
+@click.option("--shards", type=int, help="Shard count for a new counter (grows an existing one).")
+@pass_context
+def incr(context: Context, name: str, delta: int, key: str | None, shards: int | None) -> None:
+    """Add to counter NAME, creating it if needed."""
+    applied = context.kit.sharded(name, shards).incr(delta, key=key)
+    if applied:
+        out.print(f"{name} {delta:+d}")
+    else:
+        out.print(f"{name}: key {key!r} was applied already; nothing changed")
+
+
+@main.command()
+@click.argument("name")
+@click.option("--fresh", is_flag=True, help="Exact sum of the shard rows, bypassing the cache.")
+@pass_context
+def get(context: Context, name: str, fresh: bool) -> None:
+    """Print the value of counter NAME."""
+    out.print(context.kit.get(name).value(fresh=fresh))
+
+
+@main.command()
+@click.argument("name")
+@click.argument("shards", type=int)
+@pass_context
+def grow(context: Context, name: str, shards: int) -> None:
+    """Raise the shard count of counter NAME to SHARDS (never lowers it)."""
+    count = context.kit.get(name).grow(shards)
+    out.print(f"{name}: {count} shards")
+
+
+@main.command("list")
+@pass_context
+def list_counters(context: Context) -> None:
+    """List every counter with its kind, shard count and exact value."""
+    kit = context.kit
+    counters = kit.counters()
+    values = kit.values([c.name for c in counters], fresh=True)
+    table = Table("name", "kind", "shards", "value", title=f"counters in {kit.store.url}")
+    for info in counters:
+        table.add_row(info.name, info.kind, str(info.shards), str(values[info.name]))
+    out.print(table)
+
+
+@main.command("purge-keys")
+@pass_context
+def purge_keys(context: Context) -> None:
+    """Delete idempotency keys older than the retention period."""
+    out.print(f"purged {context.kit.purge_keys()} idempotency keys")
+
+
+@main.command()
+@click.option("--writers", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--seconds", type=click.FloatRange(0.1, 60), default=3.0, show_default=True)
+@pass_context
+def demo(context: Context, writers: int, seconds: float) -> None:
+    """Race writer processes on one hot counter: a naive single row versus sharded.
+
+    Runs on a temporary SQLite file unless --store is given.
+    """
+    from shardkit.demo import run_demo
+
+    if not run_demo(context.store, context.cache, writers=writers, seconds=seconds, console=out):
+        err.print("[red]error:[/red] a final total was not exact", markup=True)
+        sys.exit(1)

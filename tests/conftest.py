@@ -1,0 +1,143 @@
+"""Backends for the tests: real services, reached over real connections.
+
+A service-backed test skips with the reason when its service is unreachable, and fails
+instead when CI=true. Every test session gets its own table prefix, cache namespace and
+Redis database, so runs never touch each other's data; its tables are dropped at the end.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+import shardkit
+from shardkit.cache import Cache, open_cache
+from shardkit.store import Store, open_store
+
+CI = os.environ.get("CI", "").lower() == "true"
+
+STORE_URLS = {
+    "sqlite": None,  # a file in the session's temporary directory
+    "postgres": os.environ.get(
+        "SHARDKIT_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+    ),
+    "mysql": os.environ.get("SHARDKIT_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test"),
+}
+CACHE_URLS = {
+    "memory": "memory://",
+    "redis": os.environ.get("SHARDKIT_TEST_REDIS", "redis://127.0.0.1:6379/13"),
+    "memcached": os.environ.get("SHARDKIT_TEST_MEMCACHED", "memcached://127.0.0.1:11211"),
+}
+SESSION = uuid.uuid4().hex[:8]
+PREFIX = f"sk{SESSION}_"
+
+
+@functools.cache
+def _unreachable(url: str) -> str | None:
+    """Why the service at ``url`` cannot be used, or None when it can."""
+    try:
+        if url.startswith(("redis", "memcached")):
+            cache = open_cache(url)
+            cache.get("shardkit-test:ping")
+            cache.close()
+        else:
+            engine = sa.create_engine(url)
+            with engine.connect():
+                pass
+            engine.dispose()
+    except Exception as exc:
+        return f"{url} unreachable: {type(exc).__name__}: {exc}"
+    return None
+
+
+def require(url: str) -> None:
+    """Skip (or fail, under CI=true) the calling test when ``url`` is unreachable."""
+    reason = _unreachable(url)
+    if reason is not None:
+        if CI:
+            pytest.fail(f"service required in CI: {reason}")
+        pytest.skip(reason)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a test's counters live: what a subprocess needs to open the same kit."""
+
+    store_url: str
+    cache_url: str
+    prefix: str = PREFIX
+
+    def connect(self) -> shardkit.Kit:
+        return shardkit.connect(self.store_url, self.cache_url, prefix=self.prefix)
+
+
+@pytest.fixture(scope="session")
+def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path: Path = tmp_path_factory.mktemp("sqlite") / "shardkit.db"
+    return f"sqlite:///{path}"
+
+
+_used_stores: set[str] = set()
+
+
+def store_url_for(kind: str, sqlite_url: str) -> str:
+    url = STORE_URLS[kind] or sqlite_url
+    require(url)
+    _used_stores.add(url)
+    return url
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _drop_session_tables() -> Iterator[None]:
+    yield
+    for url in _used_stores:
+        store = open_store(url, prefix=PREFIX)
+        store.metadata.drop_all(store.engine)  # type: ignore[attr-defined]
+        store.close()
+
+
+@pytest.fixture(params=list(STORE_URLS))
+def store_url(request: pytest.FixtureRequest, sqlite_url: str) -> str:
+    return store_url_for(request.param, sqlite_url)
+
+
+@pytest.fixture(params=list(CACHE_URLS))
+def cache_url(request: pytest.FixtureRequest) -> str:
+    url = CACHE_URLS[request.param]
+    if url != "memory://":
+        require(url)
+    return url
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    the_store = open_store(store_url, prefix=PREFIX)
+    the_store.create_schema()
+    yield the_store
+    the_store.close()
+
+
+@pytest.fixture
+def cache(cache_url: str) -> Iterator[Cache]:
+    the_cache = open_cache(cache_url)
+    yield the_cache
+    the_cache.close()
+
+
+@pytest.fixture
+def kit(store_url: str, cache_url: str) -> Iterator[shardkit.Kit]:
+    with Target(store_url, cache_url).connect() as the_kit:
+        yield the_kit
+
+
+@pytest.fixture
+def name() -> str:
+    """A counter name no other test or run uses."""
+    return f"test:{uuid.uuid4().hex}"

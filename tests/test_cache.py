@@ -1,0 +1,111 @@
+"""The cache conformance suite: every cache backend passes the same tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+
+from shardkit.cache import Cache
+from shardkit.validation import INT64_MAX, INT64_MIN
+
+
+@pytest.fixture
+def key() -> str:
+    return f"shardkit-test:{uuid.uuid4().hex}"
+
+
+def test_absent_keys_read_none(cache: Cache, key: str) -> None:
+    assert cache.get(key) is None
+    assert cache.get_many([key, f"{key}:2"]) == {}
+    assert cache.get_many([]) == {}
+
+
+def test_add_sets_only_if_absent(cache: Cache, key: str) -> None:
+    assert cache.add(key, 5, 60)
+    assert not cache.add(key, 9, 60)
+    assert cache.get(key) == 5
+
+
+def test_incr_adjusts_present_keys_and_never_creates_one(cache: Cache, key: str) -> None:
+    assert cache.incr(key, 3) is None
+    assert cache.get(key) is None
+    cache.add(key, 10, 60)
+    assert cache.incr(key, 3) == 13
+    assert cache.incr(key, -20) == -7  # below zero, memcached included
+    assert cache.incr(key, -1) == -8
+    assert cache.get(key) == -8
+
+
+def test_values_span_signed_64_bit(cache: Cache, key: str) -> None:
+    cache.add(f"{key}:min", INT64_MIN + 5, 60)
+    cache.add(f"{key}:max", INT64_MAX - 5, 60)
+    assert cache.incr(f"{key}:min", -5) == INT64_MIN
+    assert cache.incr(f"{key}:max", 5) == INT64_MAX
+    assert cache.get_many([f"{key}:min", f"{key}:max"]) == {
+        f"{key}:min": INT64_MIN,
+        f"{key}:max": INT64_MAX,
+    }
+
+
+def test_get_many_and_delete(cache: Cache, key: str) -> None:
+    cache.add(f"{key}:a", 1, 60)
+    cache.add(f"{key}:b", -2, 60)
+    assert cache.get_many([f"{key}:a", f"{key}:b", f"{key}:c"]) == {f"{key}:a": 1, f"{key}:b": -2}
+    cache.delete(f"{key}:a")
+    cache.delete(f"{key}:never")
+    assert cache.get(f"{key}:a") is None
+
+
+def test_keys_of_any_text(cache: Cache, key: str) -> None:
+    odd = [f"{key} with spaces", f"{key}:ünï😀", f"{key}:" + "x" * 300]
+    for index, each in enumerate(odd):
+        assert cache.add(each, index, 60)
+    assert cache.get_many(odd) == {each: index for index, each in enumerate(odd)}
+
+
+def test_added_keys_expire(cache: Cache, key: str) -> None:
+    cache.add(key, 1, 1)
+    deadline = time.monotonic() + 5
+    while cache.get(key) is not None:
+        assert time.monotonic() < deadline, "key outlived its TTL"
+        time.sleep(0.05)
+    assert cache.add(key, 2, 60)
+
+
+def test_concurrent_increments_are_exact(cache: Cache, key: str) -> None:
+    cache.add(key, 0, 60)
+    start = threading.Barrier(8)
+
+    def work() -> None:
+        start.wait()
+        for _ in range(250):
+            cache.incr(key, 3)
+            cache.incr(key, -1)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert cache.get(key) == 8 * 250 * 2
+
+
+def test_concurrent_adds_have_one_winner(cache: Cache, key: str) -> None:
+    start = threading.Barrier(8)
+    winners: list[int] = []
+
+    def work(value: int) -> None:
+        start.wait()
+        if cache.add(key, value, 60):
+            winners.append(value)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(winners) == 1
+    assert cache.get(key) == winners[0]

@@ -1,0 +1,92 @@
+"""The shardkit command line."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+from conftest import PREFIX
+
+import shardkit
+from shardkit.cli import main
+
+
+@pytest.fixture
+def run(sqlite_url: str) -> object:
+    runner = CliRunner()
+
+    def invoke(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+        result = runner.invoke(
+            main,
+            ["--store", sqlite_url, "--prefix", PREFIX, *args],
+            env=env,
+            catch_exceptions=False,
+        )
+        return result.exit_code, result.stdout, result.stderr
+
+    return invoke
+
+
+def test_incr_get_grow_list(run, name: str) -> None:  # type: ignore[no-untyped-def]
+    assert run("incr", name, "--by", "5", "--shards", "4")[0] == 0
+    assert run("incr", name, "--by", "-2")[0] == 0
+    assert run("get", name, "--fresh") == (0, "3\n", "")
+    assert run("get", name)[1] == "3\n"
+    code, out, _ = run("grow", name, "16")
+    assert (code, out) == (0, f"{name}: 16 shards\n")
+    code, out, _ = run("list")
+    assert code == 0
+    row = next(line for line in out.splitlines() if name in line)
+    assert "sharded" in row
+    assert "16" in row
+    assert row.rstrip("│ ").endswith("3")
+
+
+def test_incr_with_a_key_applies_once(run, name: str) -> None:  # type: ignore[no-untyped-def]
+    assert run("incr", name, "--by", "5", "--key", "k1")[0] == 0
+    code, out, _ = run("incr", name, "--by", "5", "--key", "k1")
+    assert code == 0
+    assert "applied already" in out
+    assert run("get", name, "--fresh")[1] == "5\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("get", "test:no-such-counter"), "no counter named"),
+        (("incr", ""), "must not be empty"),
+        (("incr", "x" * 201), "limit is 200"),
+        (("incr", "test:cli", "--by", str(2**63)), "outside signed 64-bit"),
+        (("incr", "test:cli", "--shards", "0"), "outside 1..1000"),
+        (("grow", "test:no-such-counter", "4"), "no counter named"),
+    ],
+)
+def test_bad_input_exits_non_zero_with_one_line(run, args: tuple[str, ...], message: str) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = run(*args)
+    assert code == 1
+    assert out == ""
+    assert message in err
+    assert err.count("\n") == 1
+
+
+def test_unreachable_store_is_one_line_without_the_password() -> None:
+    result = CliRunner().invoke(
+        main, ["--store", "postgresql://app:s3cret@127.0.0.1:1/db", "get", "x"]
+    )
+    assert result.exit_code == 1
+    assert "app:***@127.0.0.1:1" in result.stderr
+    assert "s3cret" not in result.stderr + result.stdout
+    assert result.stderr.count("\n") == 1
+
+
+def test_store_and_cache_come_from_the_environment(sqlite_url: str, name: str) -> None:
+    env = {"SHARDKIT_STORE": sqlite_url, "SHARDKIT_CACHE": "memory://"}
+    result = CliRunner().invoke(main, ["--prefix", PREFIX, "incr", name, "--by", "9"], env=env)
+    assert result.exit_code == 0, result.stderr
+    with shardkit.connect(sqlite_url, prefix=PREFIX) as kit:
+        assert kit.get(name).value(fresh=True) == 9
+
+
+def test_purge_keys(run, name: str) -> None:  # type: ignore[no-untyped-def]
+    code, out, _ = run("purge-keys")
+    assert code == 0
+    assert out.startswith("purged ")

@@ -1,0 +1,105 @@
+"""The store conformance suite: every store backend passes the same tests."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from shardkit.errors import BackendError, CounterKindMismatch
+from shardkit.store import Store
+from shardkit.validation import INT64_MAX, INT64_MIN
+
+
+def test_create_schema_is_idempotent(store: Store) -> None:
+    store.create_schema()
+    store.create_schema()
+
+
+def test_open_counter_creates_then_only_grows(store: Store, name: str) -> None:
+    assert store.counter(name) is None
+    assert store.open_counter(name, "sharded", 4).shards == 4
+    assert store.open_counter(name, "sharded", 2).shards == 4
+    assert store.open_counter(name, "sharded", 9).shards == 9
+    assert store.open_counter(name, "sharded", 20, grow=False).shards == 9
+    assert store.counter(name) == store.open_counter(name, "sharded", 1)
+    assert name in [info.name for info in store.counters()]
+
+
+def test_open_counter_refuses_another_kind_and_changes_nothing(store: Store, name: str) -> None:
+    store.open_counter(name, "sharded", 3)
+    with pytest.raises(CounterKindMismatch, match="sharded"):
+        store.open_counter(name, "buffered", 8)
+    info = store.counter(name)
+    assert info is not None
+    assert (info.kind, info.shards) == ("sharded", 3)
+
+
+def test_add_creates_shard_rows_lazily_and_sums_them(store: Store, name: str) -> None:
+    assert store.total(name) == 0
+    assert store.add(name, 0, 5)
+    assert store.add(name, 3, -2)
+    assert store.add(name, 3, 10)
+    assert store.total(name) == 13
+
+
+def test_add_with_key_applies_once_per_counter(store: Store, name: str) -> None:
+    assert store.add(name, 0, 7, key="req-1")
+    assert not store.add(name, 1, 7, key="req-1")
+    assert store.add(name, 0, 1, key="req-2")
+    assert store.add(f"{name}:other", 0, 7, key="req-1")
+    assert store.total(name) == 8
+    assert store.total(f"{name}:other") == 7
+
+
+def test_totals_reads_many_counters_unknown_ones_as_zero(store: Store, name: str) -> None:
+    store.add(f"{name}:a", 0, 1)
+    store.add(f"{name}:b", 0, 2)
+    store.add(f"{name}:b", 1, 3)
+    names = [f"{name}:a", f"{name}:b", f"{name}:none", f"{name}:a"]
+    assert store.totals(names) == {f"{name}:a": 1, f"{name}:b": 5, f"{name}:none": 0}
+    assert store.totals([]) == {}
+
+
+def test_names_are_compared_exactly(store: Store, name: str) -> None:
+    variants = [f"{name}:Case", f"{name}:case", f"{name}:case ", f"{name}:ça 😀"]
+    for index, variant in enumerate(variants):
+        store.open_counter(variant, "sharded", 1)
+        store.add(variant, 0, index + 1)
+    assert store.totals(variants) == {v: i + 1 for i, v in enumerate(variants)}
+    listed = {info.name for info in store.counters()}
+    assert set(variants) <= listed
+
+
+def test_values_span_signed_64_bit(store: Store, name: str) -> None:
+    store.add(f"{name}:max", 0, INT64_MAX)
+    store.add(f"{name}:min", 0, INT64_MIN)
+    assert store.totals([f"{name}:max", f"{name}:min"]) == {
+        f"{name}:max": INT64_MAX,
+        f"{name}:min": INT64_MIN,
+    }
+
+
+def test_an_overflowing_write_fails_and_changes_nothing(store: Store, name: str) -> None:
+    store.add(name, 0, INT64_MAX)
+    with pytest.raises(BackendError):
+        store.add(name, 0, 1)
+    with pytest.raises(BackendError):
+        store.add(name, 0, 1, key="overflow")
+    assert store.total(name) == INT64_MAX
+    # The failed keyed write rolled back its key too: it applies once the value allows.
+    store.add(name, 1, -5)
+    assert store.add(name, 1, 1, key="overflow")
+    assert store.total(name) == INT64_MAX - 4
+
+
+def test_purge_keys_forgets_old_keys_only(store: Store, name: str) -> None:
+    store.add(name, 0, 1, key="old")
+    cutoff = time.time() + 0.001
+    while time.time() <= cutoff:  # keys recorded from now on are newer than the cutoff
+        pass
+    store.add(name, 0, 1, key="new")
+    assert store.purge_keys(cutoff) >= 1
+    assert store.add(name, 0, 1, key="old")  # forgotten: applies again
+    assert not store.add(name, 0, 1, key="new")  # kept
+    assert store.total(name) == 3
