@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
-from conftest import PREFIX
 
 import shardkit
+from conftest import PREFIX
 from shardkit.cli import main
 
 

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 import sqlalchemy as sa
-from conftest import PREFIX
 
 import shardkit
+from conftest import PREFIX
 from shardkit.errors import CounterKindMismatch, CounterNotFound
 from shardkit.store.sql import SqlStore
 

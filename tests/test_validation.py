@@ -6,9 +6,9 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from conftest import PREFIX
 
 import shardkit
+from conftest import PREFIX
 from shardkit.errors import (
     BackendUnavailable,
     ConfigurationError,
