@@ -1,0 +1,65 @@
+"""connect(): URLs, live objects and the environment."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+import shardkit
+from conftest import CACHE_URLS, PREFIX, STORE_URLS, require
+
+
+def test_live_engine_and_redis_client_are_used_and_left_open(name: str) -> None:
+    redis = pytest.importorskip("redis")
+    require(STORE_URLS["postgres"] or "")
+    require(CACHE_URLS["redis"])
+    engine = sa.create_engine(STORE_URLS["postgres"] or "")
+    client = redis.Redis.from_url(CACHE_URLS["redis"])
+    with shardkit.connect(engine, client, prefix=PREFIX) as kit:
+        votes = kit.sharded(name)
+        votes.incr(4)
+        assert votes.value() == 4
+        assert kit.store.url == engine.url.render_as_string(hide_password=True)
+    with engine.connect() as conn:  # the kit closed neither
+        assert conn.execute(sa.text("select 1")).scalar() == 1
+    assert client.ping()
+    client.close()
+    engine.dispose()
+
+
+def test_live_pymemcache_client(sqlite_url: str, name: str) -> None:
+    base = pytest.importorskip("pymemcache.client.base")
+    require(CACHE_URLS["memcached"])
+    host, port = CACHE_URLS["memcached"].removeprefix("memcached://").split(":")
+    client = base.PooledClient((host, int(port)))
+    with shardkit.connect(sqlite_url, client, prefix=PREFIX) as kit:
+        votes = kit.sharded(name)
+        votes.decr(3)
+        assert votes.value() == -3
+        assert votes.value() == -3  # now from memcached, negative included
+    client.close()
+
+
+def test_defaults_come_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, sqlite_url: str, name: str
+) -> None:
+    monkeypatch.setenv("SHARDKIT_STORE", sqlite_url)
+    monkeypatch.setenv("SHARDKIT_CACHE", "memory://")
+    with shardkit.connect(prefix=PREFIX) as kit:
+        kit.sharded(name).incr(2)
+        assert kit.store.url == sqlite_url
+    with shardkit.connect(sqlite_url, prefix=PREFIX) as kit:
+        assert kit.get(name).value(fresh=True) == 2
+
+
+def test_the_embedded_default_is_a_sqlite_file_and_the_memory_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    monkeypatch.delenv("SHARDKIT_STORE", raising=False)
+    monkeypatch.delenv("SHARDKIT_CACHE", raising=False)
+    monkeypatch.chdir(tmp_path)  # type: ignore[arg-type]
+    with shardkit.connect(prefix=PREFIX) as kit:
+        assert kit.store.url == "sqlite:///shardkit.db"
+        assert kit.cache.url == "memory://"
+        kit.sharded("hello").incr()
+    assert (tmp_path / "shardkit.db").exists()  # type: ignore[operator]
