@@ -1,0 +1,133 @@
+"""Entry points of the processes the multi-process tests spawn (importable by a child).
+
+Each takes plain strings for where the kit lives, so a spawned child needs neither
+pytest nor conftest.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+import traceback
+from typing import Any
+
+import sqlalchemy as sa
+
+import shardkit
+
+Where = tuple[str, str, str]  # (store URL, cache URL, table prefix)
+TIMEOUT = 60.0  # seconds any worker waits for its start signal
+
+
+def deltas(seed: int, count: int) -> list[int]:
+    """``count`` non-zero deltas of both signs, the same for the same seed."""
+    rng = random.Random(seed)
+    return [rng.choice((-1, 1)) * rng.randint(1, 1000) for _ in range(count)]
+
+
+def _connect(where: Where) -> shardkit.Kit:
+    store_url, cache_url, prefix = where
+    return shardkit.connect(store_url, cache_url, prefix=prefix)
+
+
+def random_writer(
+    where: Where,
+    name: str,
+    slot: int,
+    seed: int,
+    count: int,
+    start: Any,
+    stop: Any,
+    progress: Any,
+    results: Any,
+) -> None:
+    """Once ``start`` is set, apply ``deltas(seed, …)`` one by one, counting them in
+    ``progress[slot]``, until at least ``count`` are done and ``stop`` is set (or 50 times
+    ``count`` are done); put ``(slot, (increments done, their sum), error)`` on ``results``."""
+    done = total = 0
+    try:
+        with _connect(where) as kit:
+            counter = kit.get(name)
+            if not start.wait(TIMEOUT):
+                raise TimeoutError("never told to start")
+            for delta in deltas(seed, 50 * count):
+                if done >= count and stop.is_set():
+                    break
+                assert counter.incr(delta) is True
+                done += 1
+                total += delta
+                progress[slot] = done
+        results.put((slot, (done, total), None))
+    except BaseException:
+        results.put((slot, (done, total), traceback.format_exc()))
+
+
+def keyed_racer(
+    where: Where,
+    name: str,
+    slot: int,
+    keys: dict[str, int],
+    order_seed: int,
+    barrier: Any,
+    results: Any,
+) -> None:
+    """Try every key of ``keys`` (key -> delta) in a shuffled order, starting with the
+    others at ``barrier``; put ``(slot, keys whose incr returned True, error)``."""
+    applied: list[str] = []
+    try:
+        order = sorted(keys)
+        random.Random(order_seed).shuffle(order)
+        with _connect(where) as kit:
+            counter = kit.get(name)
+            barrier.wait(TIMEOUT)
+            applied = [key for key in order if counter.incr(keys[key], key=key)]
+        results.put((slot, applied, None))
+    except BaseException:
+        barrier.abort()  # the others fail at once rather than wait for this one
+        results.put((slot, applied, traceback.format_exc()))
+
+
+def logging_writer(where: Where, name: str, slot: int, seed: int, log_path: str) -> None:
+    """Write increments until killed (or for at most two minutes), logging to ``log_path``
+    with one unbuffered write per line:
+
+    * ``conn <id>`` for every database connection opened (server-side id), before use;
+    * ``intent <delta>`` before each ``incr``, ``done <delta>`` after it returned;
+    * ``error <message>`` if anything fails.
+
+    Every other increment carries an idempotency key, so both write paths get killed.
+    """
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def log(line: str) -> None:
+        os.write(fd, f"{line}\n".encode())
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        info = getattr(dbapi_connection, "info", None)
+        if hasattr(info, "backend_pid"):  # psycopg
+            log(f"conn {info.backend_pid}")
+        elif hasattr(dbapi_connection, "thread_id"):  # PyMySQL
+            log(f"conn {dbapi_connection.thread_id()}")
+
+    try:
+        sa.event.listen(sa.pool.Pool, "connect", on_connect)
+        rng = random.Random(seed)
+        with _connect(where) as kit:
+            counter = kit.get(name)
+            log("ready")
+            deadline = time.monotonic() + 120
+            step = 0
+            while time.monotonic() < deadline:
+                step += 1
+                delta = rng.choice((-1, 1)) * rng.randint(1, 1000)
+                key = f"w{slot}-{step}" if step % 2 else None
+                log(f"intent {delta}")
+                if not counter.incr(delta, key=key):
+                    raise AssertionError(f"fresh key {key} reported as applied already")
+                log(f"done {delta}")
+    except BaseException as exc:
+        log(f"error {type(exc).__name__}: {exc}".replace("\n", " "))
+        raise
+    finally:
+        os.close(fd)
