@@ -189,7 +189,6 @@ class Target:
     cache_url: str
     name: str
     prefix: str = "shardkit_"
-    shards: int = DEMO_SHARDS
 
 
 def naive_table(name: str, metadata: sa.MetaData | None = None) -> sa.Table:
@@ -219,9 +218,9 @@ def naive_writer(target: Target) -> Iterator[Op]:
 
 @contextlib.contextmanager
 def sharded_writer(target: Target) -> Iterator[Op]:
-    """``kit.sharded(name).incr()``."""
+    """``kit.sharded(name).incr()`` on an existing counter (the caller creates it)."""
     with connect(target.store_url, target.cache_url, prefix=target.prefix) as kit:
-        counter = kit.sharded(target.name, shards=target.shards)
+        counter = kit.sharded(target.name)
         counter.incr(0)  # take a home shard and a connection
         yield counter.incr
 

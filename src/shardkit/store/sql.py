@@ -10,8 +10,9 @@ almost no client CPU. Dialect differences live in ``_Dialect`` and nowhere else.
 from __future__ import annotations
 
 import queue
+import re
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -111,17 +112,61 @@ class _Dialect:
 
 
 class _Compiled:
-    """A statement compiled once, run on a raw DB-API cursor with minimal overhead."""
+    """A statement compiled once, run on a raw DB-API connection with minimal overhead."""
 
     def __init__(self, statement: sa.Insert, dialect: sa.Dialect) -> None:
         compiled = statement.compile(dialect=dialect)
         self.sql = compiled.string
         self.order = compiled.positiontup if compiled.positional else None
+        self._libpq = dialect.driver == "psycopg" and self.order is None
 
     def params(self, values: Mapping[str, Any]) -> Any:
         if self.order is None:
             return values
         return tuple(values[key] for key in self.order)
+
+    def runner(self, dbapi_connection: Any) -> Callable[[Mapping[str, Any]], object]:
+        """A function that runs the statement on ``dbapi_connection``, to keep with it."""
+        if self._libpq:
+            return self._libpq_runner(dbapi_connection)
+        cursor = dbapi_connection.cursor()
+        sql, params = self.sql, self.params
+        return lambda values: cursor.execute(sql, params(values))
+
+    def _libpq_runner(self, conn: Any) -> Callable[[Mapping[str, Any]], object]:
+        """psycopg: call libpq directly (a prepared statement unless the connection's
+        ``prepare_threshold`` is None, as behind PgBouncer), skipping the cursor
+        machinery: a third of the client's CPU per write."""
+        from psycopg import errors, pq
+
+        encoding: str = conn.info.encoding
+        names: list[str] = []
+
+        def placeholder(match: re.Match[str]) -> str:
+            if match.group(1) is None:
+                return "%"
+            names.append(match.group(1))
+            return f"${len(names)}"
+
+        sql = re.sub(r"%\((\w+)\)s|%%", placeholder, self.sql).encode(encoding)
+        pgconn = conn.pgconn
+        done = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
+
+        def check(result: Any) -> None:
+            if result.status not in done:
+                raise errors.error_from_result(result, encoding=encoding)
+
+        def text(values: Mapping[str, Any]) -> list[bytes]:
+            return [
+                value.encode(encoding) if isinstance(value, str) else b"%d" % value
+                for value in (values[name] for name in names)
+            ]
+
+        if conn.prepare_threshold is None:
+            return lambda values: check(pgconn.exec_params(sql, text(values)))
+        name = f"shardkit_{id(self):x}".encode()
+        check(pgconn.prepare(name, sql))
+        return lambda values: check(pgconn.exec_prepared(name, text(values)))
 
 
 class SqlStore:
@@ -280,11 +325,16 @@ class SqlStore:
         except queue.Empty:
             conn = self._connect_autocommit()
         try:
-            cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-            try:
-                cursor.execute(self._fast_add.sql, self._fast_add.params(params))
-            finally:
-                cursor.close()
+            # The statement's runner (a prepared libpq call, or a cursor) is built once per
+            # DB-API connection and kept in its ``info``, which SQLAlchemy clears when that
+            # connection is closed or invalidated; keyed by the statement, since several
+            # stores may share one engine.
+            info = conn.info
+            run = info.get(self._fast_add)
+            if run is None:
+                run = self._fast_add.runner(conn.connection.dbapi_connection)
+                info[self._fast_add] = run
+            run(params)
         except Exception as exc:
             conn.invalidate()
             conn.close()
