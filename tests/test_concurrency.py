@@ -141,9 +141,9 @@ def test_many_writers_exact_total_while_shard_count_grows(
         queue.close()
         queue.join_thread()
     for slot, (done, total) in reports.items():
-        assert count <= done < 50 * count  # not one writer ran out before the last grow
+        assert count <= done < workers.CAP * count  # not one writer ran out before the last grow
         assert progress[slot] == done
-        assert total == sum(workers.deltas(seeds[slot], 50 * count)[:done])
+        assert total == sum(workers.deltas(seeds[slot], workers.CAP * count)[:done])
     expected = sum(total for _, total in reports.values())
 
     with target.connect() as kit:  # a new kit: nothing cached from the writes

@@ -18,6 +18,8 @@ import shardkit
 
 Where = tuple[str, str, str]  # (store URL, cache URL, table prefix)
 TIMEOUT = 60.0  # seconds any worker waits for its start signal
+CAP = 1000  # a writer stops after CAP times its planned increments (SQLite may keep a
+# grow() waiting for its lock while the writers hammer)
 
 
 def deltas(seed: int, count: int) -> list[int]:
@@ -43,7 +45,7 @@ def random_writer(
     results: Any,
 ) -> None:
     """Once ``start`` is set, apply ``deltas(seed, …)`` one by one, counting them in
-    ``progress[slot]``, until at least ``count`` are done and ``stop`` is set (or 50 times
+    ``progress[slot]``, until at least ``count`` are done and ``stop`` is set (or CAP times
     ``count`` are done); put ``(slot, (increments done, their sum), error)`` on ``results``."""
     done = total = 0
     try:
@@ -51,7 +53,7 @@ def random_writer(
             counter = kit.get(name)
             if not start.wait(TIMEOUT):
                 raise TimeoutError("never told to start")
-            for delta in deltas(seed, 50 * count):
+            for delta in deltas(seed, CAP * count):
                 if done >= count and stop.is_set():
                     break
                 assert counter.incr(delta) is True
