@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+import threading
 import time
 
 import pytest
@@ -103,3 +105,28 @@ def test_purge_keys_forgets_old_keys_only(store: Store, name: str) -> None:
     assert store.add(name, 0, 1, key="old")  # forgotten: applies again
     assert not store.add(name, 0, 1, key="new")  # kept
     assert store.total(name) == 3
+
+
+def test_concurrent_opens_and_grows_of_one_counter(store: Store, name: str) -> None:
+    """Processes opening a counter each with its own shard count race on one row."""
+    start = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        start.wait()
+        try:
+            for shards in random.Random(seed).sample(range(1, 60), 12):
+                store.open_counter(name, "sharded", shards, grow=bool(shards % 2))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    info = store.counter(name)
+    assert info is not None
+    grown = [s for seed in range(8) for s in random.Random(seed).sample(range(1, 60), 12) if s % 2]
+    assert info.shards >= max(grown)

@@ -12,9 +12,8 @@ from __future__ import annotations
 import queue
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
@@ -33,6 +32,9 @@ from shardkit.errors import (
 )
 from shardkit.store.base import CounterInfo
 from shardkit.validation import MAX_NAME_LENGTH
+
+_T = TypeVar("_T")
+_DEADLOCK_RETRIES = 5
 
 # URL scheme -> (the driver SQLAlchemy should use, the extra that installs it).
 _DRIVERS = {
@@ -78,6 +80,12 @@ class _Dialect:
     def __init__(self, name: str) -> None:
         self.name = name
         self.is_mysql = name in ("mysql", "mariadb")
+
+    def is_deadlock(self, exc: DBAPIError) -> bool:
+        """Whether the database rolled the transaction back to break a deadlock."""
+        if self.is_mysql:
+            return getattr(exc.orig, "args", (None,))[:1] == (1213,)
+        return getattr(exc.orig, "sqlstate", None) == "40P01"
 
     def insert_ignore(self, conn: Connection, table: sa.Table, row: Mapping[str, Any]) -> bool:
         """INSERT ``row`` unless its primary key exists; return whether it was inserted.
@@ -234,13 +242,19 @@ class SqlStore:
             return BackendUnavailable(f"cannot reach the store at {self.url}: {detail}")
         return BackendError(f"store {self.url} failed while {action}: {detail}")
 
-    @contextmanager
-    def _transaction(self, action: str) -> Iterator[Connection]:
-        try:
-            with self.engine.begin() as conn:
-                yield conn
-        except SQLAlchemyError as exc:
-            raise self._error(exc, action) from exc
+    def _in_transaction(self, action: str, work: Callable[[Connection], _T]) -> _T:
+        """Run ``work`` in one transaction, again if the database chose it as a deadlock
+        victim (its effects were rolled back whole, so running it again is safe)."""
+        for attempt in range(_DEADLOCK_RETRIES + 1):
+            try:
+                with self.engine.begin() as conn:
+                    return work(conn)
+            except DBAPIError as exc:
+                if attempt == _DEADLOCK_RETRIES or not self._dialect.is_deadlock(exc):
+                    raise self._error(exc, action) from exc
+            except SQLAlchemyError as exc:
+                raise self._error(exc, action) from exc
+        raise AssertionError("unreachable")
 
     def _read(self, action: str, statement: sa.Executable) -> list[Any]:
         try:
@@ -272,7 +286,8 @@ class SqlStore:
 
     def open_counter(self, name: str, kind: str, shards: int, *, grow: bool = True) -> CounterInfo:
         table = self.counters_table
-        with self._transaction(f"opening counter {name!r}") as conn:
+
+        def work(conn: Connection) -> Any:
             row = {"name": name, "kind": kind, "shards": shards}
             created = self._dialect.insert_ignore(conn, table, row)
             if grow and not created:
@@ -281,9 +296,11 @@ class SqlStore:
                     .where(table.c.name == name, table.c.kind == kind, table.c.shards < shards)
                     .values(shards=shards)
                 )
-            found = conn.execute(
+            return conn.execute(
                 sa.select(table.c.kind, table.c.shards).where(table.c.name == name)
             ).one()
+
+        found = self._in_transaction(f"opening counter {name!r}", work)
         if found.kind != kind:
             raise CounterKindMismatch(f"{name!r} is a {found.kind} counter, not a {kind} counter")
         return CounterInfo(name, kind, int(found.shards))
@@ -311,12 +328,15 @@ class SqlStore:
         if key is None:
             self._fast(params)
             return True
-        with self._transaction(f"adding to counter {name!r}") as conn:
+
+        def work(conn: Connection) -> bool:
             row = {"name": name, "key": key, "created_at": time.time()}
             if not self._dialect.insert_ignore(conn, self.keys_table, row):
                 return False
             conn.execute(self._upsert_add, params)
-        return True
+            return True
+
+        return self._in_transaction(f"adding to counter {name!r}", work)
 
     def _fast(self, params: Mapping[str, Any]) -> None:
         """Run the precompiled upsert on a held autocommit connection: one round trip."""
@@ -379,9 +399,10 @@ class SqlStore:
 
     def purge_keys(self, older_than: float) -> int:
         table = self.keys_table
-        with self._transaction("purging idempotency keys") as conn:
-            deleted = conn.execute(sa.delete(table).where(table.c.created_at < older_than))
-        return int(deleted.rowcount)
+        statement = sa.delete(table).where(table.c.created_at < older_than)
+        return self._in_transaction(
+            "purging idempotency keys", lambda conn: int(conn.execute(statement).rowcount)
+        )
 
     def close(self) -> None:
         while True:
