@@ -10,6 +10,7 @@ almost no client CPU. Dialect differences live in ``_Dialect`` and nowhere else.
 from __future__ import annotations
 
 import queue
+import random
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -252,6 +253,7 @@ class SqlStore:
             except DBAPIError as exc:
                 if attempt == _DEADLOCK_RETRIES or not self._dialect.is_deadlock(exc):
                     raise self._error(exc, action) from exc
+                time.sleep(random.uniform(0, 0.01 * 2**attempt))  # let the winner finish
             except SQLAlchemyError as exc:
                 raise self._error(exc, action) from exc
         raise AssertionError("unreachable")
@@ -288,14 +290,16 @@ class SqlStore:
         table = self.counters_table
 
         def work(conn: Connection) -> Any:
-            row = {"name": name, "kind": kind, "shards": shards}
-            created = self._dialect.insert_ignore(conn, table, row)
-            if grow and not created:
+            # Growing first takes the row's write lock at once; inserting first would take
+            # a shared lock on an existing row and then need to upgrade it, which deadlocks
+            # against a concurrent opener doing the same on MySQL.
+            if grow:
                 conn.execute(
                     sa.update(table)
                     .where(table.c.name == name, table.c.kind == kind, table.c.shards < shards)
                     .values(shards=shards)
                 )
+            self._dialect.insert_ignore(conn, table, {"name": name, "kind": kind, "shards": shards})
             return conn.execute(
                 sa.select(table.c.kind, table.c.shards).where(table.c.name == name)
             ).one()
