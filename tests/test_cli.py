@@ -90,3 +90,13 @@ def test_purge_keys(run, name: str) -> None:  # type: ignore[no-untyped-def]
     code, out, _ = run("purge-keys")
     assert code == 0
     assert out.startswith("purged ")
+
+
+@pytest.mark.slow
+def test_demo_races_naive_and_sharded_and_checks_the_totals() -> None:
+    result = CliRunner().invoke(main, ["demo", "--writers", "2", "--seconds", "0.5"])
+    assert result.exit_code == 0, result.stderr
+    assert "naive" in result.stdout
+    assert "sharded" in result.stdout
+    assert "✗" not in result.stdout
+    assert result.stdout.count("✓") == 2
