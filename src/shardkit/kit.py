@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
@@ -19,6 +20,7 @@ from shardkit.validation import check_name, check_shards
 DEFAULT_STORE = "sqlite:///shardkit.db"
 DEFAULT_CACHE = "memory://"
 DEFAULT_SHARDS = 20
+_OPEN_COUNTERS = 4096
 
 
 class Kit:
@@ -31,7 +33,9 @@ class Kit:
     def __init__(self, settings: CounterSettings) -> None:
         self._settings = settings
         self._lock = threading.Lock()
-        self._counters: dict[str, ShardedCounter] = {}
+        # The counters opened lately, so that opening one again costs no round trip;
+        # bounded, since applications open a counter per entity (poll, video, …).
+        self._counters: OrderedDict[str, ShardedCounter] = OrderedDict()
 
     @property
     def store(self) -> Store:
@@ -62,8 +66,7 @@ class Kit:
         check_name(name)
         if shards is not None:
             check_shards(shards, self._settings.max_shards)
-        with self._lock:
-            counter = self._counters.get(name)
+        counter = self._opened(name)
         if counter is not None and (shards is None or shards <= counter._shards):
             return counter
         info = self.store.open_counter(
@@ -72,13 +75,22 @@ class Kit:
         counter = ShardedCounter(info, self._settings)
         with self._lock:
             self._counters[name] = counter
+            self._counters.move_to_end(name)
+            if len(self._counters) > _OPEN_COUNTERS:
+                self._counters.popitem(last=False)
+        return counter
+
+    def _opened(self, name: str) -> ShardedCounter | None:
+        with self._lock:
+            counter = self._counters.get(name)
+            if counter is not None:
+                self._counters.move_to_end(name)
         return counter
 
     def get(self, name: str) -> ShardedCounter:
         """The existing counter ``name``; raises ``CounterNotFound`` if there is none."""
         check_name(name)
-        with self._lock:
-            counter = self._counters.get(name)
+        counter = self._opened(name)
         if counter is not None:
             return counter
         info = self.store.counter(name)

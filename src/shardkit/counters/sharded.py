@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
 
-from shardkit._fork import reset_in_child
 from shardkit.counters.base import CounterSettings, log
 from shardkit.errors import BackendError
 from shardkit.store.base import CounterInfo
@@ -52,13 +52,9 @@ class ShardedCounter:
         self._value_key = settings.cache_key(self.name, "sharded:value")
         self._ticket_key = settings.cache_key(self.name, "sharded:ticket")
         self._local = threading.local()
-        reset_in_child(self, ShardedCounter._after_fork)
 
     def __repr__(self) -> str:
         return f"<ShardedCounter {self.name!r} shards={self._shards}>"
-
-    def _after_fork(self) -> None:
-        self._local = threading.local()  # the child takes its own home shard
 
     # -- writes ------------------------------------------------------------------------
 
@@ -87,10 +83,11 @@ class ShardedCounter:
         return applied
 
     def _home_shard(self) -> int:
-        ticket: int | None = getattr(self._local, "ticket", None)
-        if ticket is None:
+        # Keyed by process: a forked child takes its own ticket, not its parent's shard.
+        pid, ticket = getattr(self._local, "ticket", (None, 0))
+        if pid != os.getpid():
             ticket = self._take_ticket()
-            self._local.ticket = ticket
+            self._local.ticket = (os.getpid(), ticket)
         if time.monotonic() - self._shards_read_at > _SHARDS_REFRESH:
             self._refresh_shards()
         return ticket % self._shards
