@@ -17,9 +17,8 @@ def redact(url: str) -> str:
     ).geturl()
 
 
-def scrub(text: str, url: str) -> str:
-    """Remove the password of ``url`` from a driver's message about it."""
-    password = urlsplit(url).password
+def scrub(text: str, password: str | None) -> str:
+    """Remove ``password`` from a driver's message (drivers may echo connection details)."""
     return text.replace(password, "***") if password else text
 
 

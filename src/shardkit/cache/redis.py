@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import urlsplit
 
 from shardkit import _urls
 from shardkit.errors import BackendError, BackendUnavailable, MissingDriver
@@ -50,7 +51,7 @@ class RedisCache:
                 f"/{kwargs.get('db', 0)}"
             )
         )
-        self._raw_url = url or ""
+        self._password = urlsplit(url).password if url else kwargs.get("password")
         self._incr = client.register_script(_INCR_IF_EXISTS)
 
     @classmethod
@@ -66,10 +67,10 @@ class RedisCache:
         try:
             return method(*args, **kwargs)
         except self._redis.ConnectionError as exc:
-            detail = _urls.scrub(str(exc), self._raw_url)
+            detail = _urls.scrub(str(exc), self._password)
             raise BackendUnavailable(f"cannot reach the cache at {self.url}: {detail}") from exc
         except self._redis.RedisError as exc:
-            detail = _urls.scrub(str(exc), self._raw_url)
+            detail = _urls.scrub(str(exc), self._password)
             raise BackendError(f"cache {self.url} failed while {action}: {detail}") from exc
 
     def get(self, key: str) -> int | None:

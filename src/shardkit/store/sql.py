@@ -235,8 +235,8 @@ class SqlStore:
     # -- errors ------------------------------------------------------------------------
 
     def _error(self, exc: Exception, action: str) -> BackendError:
-        detail = _urls.scrub(str(getattr(exc, "orig", None) or exc), str(self.engine.url))
-        detail = detail.strip().splitlines()[0] if detail.strip() else type(exc).__name__
+        text = _urls.scrub(str(getattr(exc, "orig", None) or exc), self.engine.url.password)
+        detail = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
         if isinstance(exc, DBAPIError) and exc.connection_invalidated:
             return BackendUnavailable(f"lost the store at {self.url} while {action}: {detail}")
         if isinstance(exc, sa.exc.OperationalError) and "connect" in detail.lower():
