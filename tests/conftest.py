@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +56,28 @@ def _unreachable(url: str) -> str | None:
     except Exception as exc:
         return f"{url} unreachable: {type(exc).__name__}: {exc}"
     return None
+
+
+def run_together(count: int, work: Callable[[int], object]) -> None:
+    """Run ``work(0)`` … ``work(count - 1)`` in threads released together by a barrier;
+    re-raise the first error any of them raised."""
+    start = threading.Barrier(count)
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        start.wait()
+        try:
+            work(index)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
 
 
 def require(url: str) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 
 import pytest
 
+from conftest import run_together
 from shardkit.cache import Cache
 from shardkit.validation import INT64_MAX, INT64_MIN
 
@@ -77,35 +77,23 @@ def test_added_keys_expire(cache: Cache, key: str) -> None:
 
 def test_concurrent_increments_are_exact(cache: Cache, key: str) -> None:
     cache.add(key, 0, 60)
-    start = threading.Barrier(8)
 
-    def work() -> None:
-        start.wait()
+    def work(_: int) -> None:
         for _ in range(250):
             cache.incr(key, 3)
             cache.incr(key, -1)
 
-    threads = [threading.Thread(target=work) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_together(8, work)
     assert cache.get(key) == 8 * 250 * 2
 
 
 def test_concurrent_adds_have_one_winner(cache: Cache, key: str) -> None:
-    start = threading.Barrier(8)
     winners: list[int] = []
 
     def work(value: int) -> None:
-        start.wait()
         if cache.add(key, value, 60):
             winners.append(value)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_together(8, work)
     assert len(winners) == 1
     assert cache.get(key) == winners[0]

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import sqlalchemy as sa
 
 import shardkit
-from conftest import PREFIX
+from conftest import PREFIX, run_together
 from shardkit.errors import CounterKindMismatch, CounterNotFound
 from shardkit.store.sql import SqlStore
 
@@ -80,18 +78,12 @@ def test_shard_rows_are_created_lazily_within_the_shard_count(kit: shardkit.Kit,
 
 def test_concurrent_writers_each_get_their_own_shard(kit: shardkit.Kit, name: str) -> None:
     votes = kit.sharded(name, shards=20)
-    start = threading.Barrier(8)
 
-    def work() -> None:
-        start.wait()
+    def work(_: int) -> None:
         for _ in range(25):
             votes.incr()
 
-    threads = [threading.Thread(target=work) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_together(8, work)
     rows = shard_rows(kit, name)
     assert sorted(rows.values()) == [25] * 8  # eight rows, one per writer, none shared
     assert votes.value(fresh=True) == 200

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import random
-import threading
 import time
 
 import pytest
 
+from conftest import run_together
 from shardkit.errors import BackendError, CounterKindMismatch
 from shardkit.store import Store
 from shardkit.validation import INT64_MAX, INT64_MIN
@@ -109,23 +109,12 @@ def test_purge_keys_forgets_old_keys_only(store: Store, name: str) -> None:
 
 def test_concurrent_opens_and_grows_of_one_counter(store: Store, name: str) -> None:
     """Processes opening a counter each with its own shard count race on one row."""
-    start = threading.Barrier(8)
-    errors: list[BaseException] = []
 
     def work(seed: int) -> None:
-        start.wait()
-        try:
-            for shards in random.Random(seed).sample(range(1, 60), 12):
-                store.open_counter(name, "sharded", shards, grow=bool(shards % 2))
-        except BaseException as exc:
-            errors.append(exc)
+        for shards in random.Random(seed).sample(range(1, 60), 12):
+            store.open_counter(name, "sharded", shards, grow=bool(shards % 2))
 
-    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == []
+    run_together(8, work)  # raises what any opener raised
     info = store.counter(name)
     assert info is not None
     grown = [s for seed in range(8) for s in random.Random(seed).sample(range(1, 60), 12) if s % 2]
