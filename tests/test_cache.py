@@ -66,13 +66,15 @@ def test_keys_of_any_text(cache: Cache, key: str) -> None:
     assert cache.get_many(odd) == {each: index for index, each in enumerate(odd)}
 
 
-def test_added_keys_expire(cache: Cache, key: str) -> None:
+def test_added_keys_expire_unless_added_without_ttl(cache: Cache, key: str) -> None:
     cache.add(key, 1, 1)
+    cache.add(f"{key}:kept", 7, None)
     deadline = time.monotonic() + 5
     while cache.get(key) is not None:
         assert time.monotonic() < deadline, "key outlived its TTL"
         time.sleep(0.05)
     assert cache.add(key, 2, 60)
+    assert cache.get(f"{key}:kept") == 7
 
 
 def test_concurrent_increments_are_exact(cache: Cache, key: str) -> None:

@@ -4,9 +4,11 @@
 >>> kit = shardkit.connect()            # sqlite:///shardkit.db + memory://
 >>> votes = kit.sharded("votes:poll-7", shards=20)
 >>> votes.incr()
+>>> hits = kit.buffered("downloads:file-9", interval=5.0)
+>>> hits.incr()
 """
 
-from shardkit.counters import ShardedCounter
+from shardkit.counters import BufferedCounter, Parts, ShardedCounter
 from shardkit.errors import (
     BackendError,
     BackendUnavailable,
@@ -28,6 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BackendError",
     "BackendUnavailable",
+    "BufferedCounter",
     "ConfigurationError",
     "CounterInfo",
     "CounterKindMismatch",
@@ -37,6 +40,7 @@ __all__ = [
     "InvalidShardCount",
     "Kit",
     "MissingDriver",
+    "Parts",
     "ShardedCounter",
     "ShardkitError",
     "ValidationError",

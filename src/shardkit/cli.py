@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -70,11 +71,20 @@ pass_context = click.make_pass_decorator(Context)
 @click.option("--by", "delta", type=int, default=1, show_default=True, help="Delta (may be < 0).")
 @click.option("--key", help="Idempotency key: a repeated call with the same key applies once.")
 @click.option("--shards", type=int, help="Shard count for a new counter (grows an existing one).")
+@click.option("--buffered", is_flag=True, help="Create NAME as a buffered counter if it is new.")
 @pass_context
-def incr(context: Context, name: str, delta: int, key: str | None, shards: int | None) -> None:
-    """Add to counter NAME, creating it if needed."""
-    applied = context.kit.sharded(name, shards).incr(delta, key=key)
-    if applied:
+def incr(
+    context: Context, name: str, delta: int, key: str | None, shards: int | None, buffered: bool
+) -> None:
+    """Add to counter NAME, creating it (sharded, unless --buffered) if needed."""
+    kit = context.kit
+    info = kit.store.counter(name)
+    if (info.kind if info else "buffered" if buffered else "sharded") == "buffered":
+        if key is not None or shards is not None:
+            raise shardkit.ValidationError("--key and --shards are for sharded counters")
+        kit.buffered(name).incr(delta)
+        out.print(f"{name} {delta:+d} (pending until flushed)")
+    elif kit.sharded(name, shards).incr(delta, key=key):
         out.print(f"{name} {delta:+d}")
     else:
         out.print(f"{name}: key {key!r} was applied already; nothing changed")
@@ -85,8 +95,13 @@ def incr(context: Context, name: str, delta: int, key: str | None, shards: int |
 @click.option("--fresh", is_flag=True, help="Exact sum of the shard rows, bypassing the cache.")
 @pass_context
 def get(context: Context, name: str, fresh: bool) -> None:
-    """Print the value of counter NAME."""
-    out.print(context.kit.get(name).value(fresh=fresh))
+    """Print the value of counter NAME (a buffered one's with its stored and pending parts)."""
+    counter = context.kit.get(name)
+    if isinstance(counter, shardkit.BufferedCounter):
+        parts = counter.parts()
+        out.print(f"{parts.total} (stored {parts.stored}, pending {parts.pending})")
+    else:
+        out.print(counter.value(fresh=fresh))
 
 
 @main.command()
@@ -94,9 +109,67 @@ def get(context: Context, name: str, fresh: bool) -> None:
 @click.argument("shards", type=int)
 @pass_context
 def grow(context: Context, name: str, shards: int) -> None:
-    """Raise the shard count of counter NAME to SHARDS (never lowers it)."""
-    count = context.kit.get(name).grow(shards)
-    out.print(f"{name}: {count} shards")
+    """Raise the shard count of sharded counter NAME to SHARDS (never lowers it)."""
+    counter = context.kit.get(name)
+    if not isinstance(counter, shardkit.ShardedCounter):
+        raise shardkit.CounterKindMismatch(f"{name!r} is a {counter.kind} counter, not sharded")
+    out.print(f"{name}: {counter.grow(shards)} shards")
+
+
+@main.command()
+@click.argument("name", required=False)
+@click.option("--all", "every", is_flag=True, help="Flush every buffered counter.")
+@pass_context
+def flush(context: Context, name: str | None, every: bool) -> None:
+    """Move the pending increments of buffered counter NAME (or --all) into the store."""
+    if every == (name is not None):
+        raise click.UsageError("give a counter NAME or --all")
+    kit = context.kit
+    if name is not None:
+        counter = kit.get(name)
+        if not isinstance(counter, shardkit.BufferedCounter):
+            raise shardkit.CounterKindMismatch(f"{name!r} is a {counter.kind} counter: no flush")
+        moved = {name: counter.flush()}
+    else:
+        moved = kit.flush_all()
+    _print_moved(moved)
+
+
+def _print_moved(moved: dict[str, int]) -> None:
+    flushed = {name: amount for name, amount in moved.items() if amount}
+    for name, amount in sorted(flushed.items()):
+        out.print(f"{name} {amount:+d}")
+    out.print(f"flushed {len(flushed)} counter{'s' if len(flushed) != 1 else ''}")
+
+
+@main.command()
+@click.option(
+    "--interval",
+    type=click.FloatRange(0.01),
+    default=5.0,
+    show_default=True,
+    help="Seconds between two flushes of every buffered counter.",
+)
+@click.option("--once", is_flag=True, help="Flush once and exit.")
+@pass_context
+def worker(context: Context, interval: float, once: bool) -> None:
+    """Flush every buffered counter every --interval seconds, in the foreground (Ctrl-C
+    stops). For deployments without Celery: it also picks up flushes that a crashed
+    process had scheduled."""
+    kit = context.kit
+    try:
+        while True:
+            started = time.monotonic()
+            moved = kit.flush_all()
+            if once:
+                _print_moved(moved)
+                return
+            for name, amount in sorted(moved.items()):
+                if amount:
+                    out.print(f"{time.strftime('%H:%M:%S')} {name} {amount:+d}")
+            time.sleep(max(0.0, interval - (time.monotonic() - started)))
+    except KeyboardInterrupt:
+        out.print("stopped")
 
 
 @main.command("list")

@@ -6,36 +6,51 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
 
 from sqlalchemy.engine import Engine
 
 from shardkit.cache import Cache, open_cache
-from shardkit.counters import CounterSettings, ShardedCounter
-from shardkit.errors import ConfigurationError, CounterNotFound, ShardkitError
+from shardkit.counters import BufferedCounter, CounterSettings, ShardedCounter
+from shardkit.counters.buffered import flush_counters
+from shardkit.errors import ConfigurationError, CounterKindMismatch, CounterNotFound, ShardkitError
+from shardkit.executor import Executor, LocalExecutor, Marks
 from shardkit.store import CounterInfo, Store, open_store
 from shardkit.validation import check_name, check_shards
 
 DEFAULT_STORE = "sqlite:///shardkit.db"
 DEFAULT_CACHE = "memory://"
 DEFAULT_SHARDS = 20
+DEFAULT_INTERVAL = 5.0
 _OPEN_COUNTERS = 4096
+
+Counter = ShardedCounter | BufferedCounter
+_C = TypeVar("_C", ShardedCounter, BufferedCounter)
 
 
 class Kit:
-    """A store and a cache, and the counters that live in them.
+    """A store, a cache and an executor, and the counters that live in them.
 
     Thread-safe. A kit opened before ``os.fork()`` keeps working in the children: no
     connection is shared across a fork. Use it as a context manager, or ``close()`` it.
     """
 
-    def __init__(self, settings: CounterSettings) -> None:
+    def __init__(self, settings: CounterSettings, executor: Executor) -> None:
         self._settings = settings
+        self.executor = executor
         self._lock = threading.Lock()
         # The counters opened lately, so that opening one again costs no round trip;
         # bounded, since applications open a counter per entity (poll, video, …).
-        self._counters: OrderedDict[str, ShardedCounter] = OrderedDict()
+        self._counters: OrderedDict[str, Counter] = OrderedDict()
+        executor.bind(self._tasks(), Marks(settings.cache, settings.namespace))
+
+    def _tasks(self) -> Mapping[str, Any]:
+        """The background tasks counters submit to the executor, by name (JSON args)."""
+        return {
+            "flush": lambda args: flush_counters(self._settings, [check_name(args["name"])]),
+            "flush_all": lambda args: self.flush_all(),
+        }
 
     @property
     def store(self) -> Store:
@@ -46,7 +61,7 @@ class Kit:
         return self._settings.cache
 
     def __repr__(self) -> str:
-        return f"<Kit store={self.store.url} cache={self.cache.url}>"
+        return f"<Kit store={self.store.url} cache={self.cache.url} executor={self.executor.url}>"
 
     def __enter__(self) -> Kit:
         return self
@@ -55,7 +70,9 @@ class Kit:
         self.close()
 
     def close(self) -> None:
-        """Close the connections the kit opened (live engines and clients stay open)."""
+        """Close the executor (a local one first runs the flushes it has waiting), then
+        the connections the kit opened (live engines and clients stay open)."""
+        self.executor.close()
         self.store.close()
         self.cache.close()
 
@@ -66,37 +83,65 @@ class Kit:
         check_name(name)
         if shards is not None:
             check_shards(shards, self._settings.max_shards)
-        counter = self._opened(name)
+        counter = self._opened(name, ShardedCounter)
         if counter is not None and (shards is None or shards <= counter._shards):
             return counter
         info = self.store.open_counter(
             name, ShardedCounter.kind, shards or DEFAULT_SHARDS, grow=shards is not None
         )
-        counter = ShardedCounter(info, self._settings)
-        with self._lock:
-            self._counters[name] = counter
-            self._counters.move_to_end(name)
-            if len(self._counters) > _OPEN_COUNTERS:
-                self._counters.popitem(last=False)
-        return counter
+        return self._keep(ShardedCounter(info, self._settings))
 
-    def _opened(self, name: str) -> ShardedCounter | None:
+    def buffered(self, name: str, interval: float = DEFAULT_INTERVAL) -> BufferedCounter:
+        """The buffered (write-behind) counter ``name``, created on first use, whose
+        increments this kit flushes to the store every ``interval`` seconds (a setting
+        of this process, not of the counter: processes may flush at their own pace)."""
+        check_name(name)
+        counter = self._opened(name, BufferedCounter)
+        if counter is not None and counter.interval == interval:
+            return counter
+        info = self.store.open_counter(name, BufferedCounter.kind, 1, grow=False)
+        return self._keep(BufferedCounter(info, self._settings, self.executor, interval))
+
+    def _opened(self, name: str, kind: type[_C]) -> _C | None:
         with self._lock:
             counter = self._counters.get(name)
             if counter is not None:
                 self._counters.move_to_end(name)
+        if counter is None or isinstance(counter, kind):
+            return counter
+        raise CounterKindMismatch(
+            f"{name!r} is a {counter.kind} counter, not a {kind.kind} counter"
+        )
+
+    def _keep(self, counter: _C) -> _C:
+        with self._lock:
+            self._counters[counter.name] = counter
+            self._counters.move_to_end(counter.name)
+            if len(self._counters) > _OPEN_COUNTERS:
+                self._counters.popitem(last=False)
         return counter
 
-    def get(self, name: str) -> ShardedCounter:
-        """The existing counter ``name``; raises ``CounterNotFound`` if there is none."""
+    def get(self, name: str) -> Counter:
+        """The existing counter ``name``, of whatever kind it is; raises
+        ``CounterNotFound`` if there is none."""
         check_name(name)
-        counter = self._opened(name)
+        with self._lock:
+            counter = self._counters.get(name)
         if counter is not None:
             return counter
         info = self.store.counter(name)
         if info is None:
             raise CounterNotFound(f"no counter named {name!r} in {self.store.url}")
+        if info.kind == BufferedCounter.kind:
+            return self.buffered(name)
         return self.sharded(name)
+
+    def flush_all(self) -> dict[str, int]:
+        """Flush every buffered counter in the store (a crashed or lost flush's work
+        included); return the amount moved per counter that had something pending.
+        Idempotent; safe to run concurrently with anything."""
+        names = [info.name for info in self.counters() if info.kind == BufferedCounter.kind]
+        return flush_counters(self._settings, names)
 
     def counters(self) -> list[CounterInfo]:
         """Every counter in the store, ordered by name."""
@@ -139,6 +184,7 @@ def connect(
     cache_ttl: float = 5.0,
     max_shards: int = 1000,
     key_retention: float = 86400.0,
+    executor: Executor | None = None,
 ) -> Kit:
     """Open a kit.
 
@@ -147,7 +193,9 @@ def connect(
     ``memory://``), a live redis-py / pymemcache client or a ``Cache``. Tables are
     created if missing (named with ``prefix``). Both backends are reached before this
     returns: an unreachable server raises ``BackendUnavailable`` naming its URL without
-    the password.
+    the password. ``executor`` runs background work such as buffered counters' flushes:
+    a ``LocalExecutor`` (threads of this process, the default) or a
+    ``shardkit.contrib.celery.CeleryExecutor``.
     """
     if not prefix.isidentifier() or len(prefix) > 40:
         raise ConfigurationError(f"table prefix must be an identifier, ≤ 40 characters: {prefix!r}")
@@ -177,4 +225,4 @@ def connect(
         max_shards=max_shards,
         key_retention=key_retention,
     )
-    return Kit(settings)
+    return Kit(settings, executor or LocalExecutor())

@@ -25,9 +25,10 @@ class Cache(Protocol):
     def get_many(self, keys: Iterable[str]) -> dict[str, int]:
         """Values of the present keys among ``keys``, in one round trip."""
 
-    def add(self, key: str, value: int, ttl: float) -> bool:
-        """Set ``key`` to ``value`` for ``ttl`` seconds only if absent. Atomic: of
-        concurrent adds exactly one wins. Returns whether this call set it."""
+    def add(self, key: str, value: int, ttl: float | None) -> bool:
+        """Set ``key`` to ``value`` for ``ttl`` seconds (None: until evicted) only if
+        absent. Atomic: of concurrent adds exactly one wins. Returns whether this call
+        set it."""
 
     def incr(self, key: str, delta: int) -> int | None:
         """Add ``delta`` (may be negative) to ``key`` if present and return the new value;

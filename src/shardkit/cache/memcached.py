@@ -71,8 +71,8 @@ class MemcachedCache:
         values = self._call("reading", self._client.get_many, list(encoded))
         return {encoded[k]: int(v) - _BIAS for k, v in values.items()}
 
-    def add(self, key: str, value: int, ttl: float) -> bool:
-        expire = min(_MAX_TTL, max(1, math.ceil(ttl)))
+    def add(self, key: str, value: int, ttl: float | None) -> bool:
+        expire = 0 if ttl is None else min(_MAX_TTL, max(1, math.ceil(ttl)))
         stored = str(value + _BIAS).encode()
         return bool(
             self._call("adding", self._client.add, _encode_key(key), stored, expire, noreply=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterable
@@ -12,8 +13,8 @@ from shardkit._fork import reset_in_child
 class MemoryCache:
     """A dict of integers with expiry, guarded by a lock.
 
-    Thread-safe and atomic within one process; each process (a forked child too) has
-    its own contents, so it is a cache for one process, not a shared one.
+    Thread-safe and atomic within one process; each process has its own contents (a
+    forked child starts empty), so it is a cache for one process, not a shared one.
     """
 
     url = "memory://"
@@ -25,8 +26,10 @@ class MemoryCache:
 
     def _after_fork(self) -> None:
         # Another thread may have held the lock at the fork: the child's copy would
-        # never be released.
+        # never be released. The contents go too: a child writing on into its copy of
+        # the parent's keys would make two diverging histories of one buffered counter.
         self._lock = threading.Lock()
+        self._data = {}
 
     def _live(self, key: str, now: float) -> tuple[int, float] | None:
         entry = self._data.get(key)
@@ -46,12 +49,12 @@ class MemoryCache:
             entries = {key: self._live(key, now) for key in keys}
         return {key: entry[0] for key, entry in entries.items() if entry is not None}
 
-    def add(self, key: str, value: int, ttl: float) -> bool:
+    def add(self, key: str, value: int, ttl: float | None) -> bool:
         now = time.monotonic()
         with self._lock:
             if self._live(key, now) is not None:
                 return False
-            self._data[key] = (value, now + ttl)
+            self._data[key] = (value, math.inf if ttl is None else now + ttl)
             return True
 
     def incr(self, key: str, delta: int) -> int | None:

@@ -86,8 +86,8 @@ class RedisCache:
             key: int(value) for key, value in zip(wanted, values, strict=True) if value is not None
         }
 
-    def add(self, key: str, value: int, ttl: float) -> bool:
-        millis = max(1, math.ceil(ttl * 1000))
+    def add(self, key: str, value: int, ttl: float | None) -> bool:
+        millis = None if ttl is None else max(1, math.ceil(ttl * 1000))
         return bool(self._call("adding", self._client.set, key, value, nx=True, px=millis))
 
     def incr(self, key: str, delta: int) -> int | None:

@@ -1,6 +1,7 @@
-"""Counter strategies, each built only on the store and cache interfaces."""
+"""Counter strategies, each built only on the store, cache and executor interfaces."""
 
 from shardkit.counters.base import CounterSettings
+from shardkit.counters.buffered import BufferedCounter, Parts
 from shardkit.counters.sharded import ShardedCounter
 
-__all__ = ["CounterSettings", "ShardedCounter"]
+__all__ = ["BufferedCounter", "CounterSettings", "Parts", "ShardedCounter"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy.engine import Engine
 
 from shardkit.errors import ConfigurationError
-from shardkit.store.base import CounterInfo, Store
+from shardkit.store.base import CounterInfo, Flushed, Store
 
 
 def open_store(target: str | Engine | Store, *, prefix: str = "shardkit_") -> Store:
@@ -22,4 +22,4 @@ def open_store(target: str | Engine | Store, *, prefix: str = "shardkit_") -> St
     raise ConfigurationError(f"a store is a URL, an Engine or a Store, not {type(target).__name__}")
 
 
-__all__ = ["CounterInfo", "Store", "open_store"]
+__all__ = ["CounterInfo", "Flushed", "Store", "open_store"]

@@ -17,6 +17,19 @@ class CounterInfo:
     shards: int
 
 
+@dataclass(frozen=True)
+class Flushed:
+    """How much of one cache generation of a buffered counter the store has applied: the
+    generation's cumulative increments (``up``) and decrements (``down``), both ≥ 0."""
+
+    up: int = 0
+    down: int = 0
+
+    @property
+    def net(self) -> int:
+        return self.up - self.down
+
+
 @runtime_checkable
 class Store(Protocol):
     """Durable storage of counters.
@@ -52,10 +65,23 @@ class Store(Protocol):
         """
 
     def total(self, name: str) -> int:
-        """Exact value of ``name``: the sum of its shard rows (0 if it has none)."""
+        """Exact value of ``name`` in the store: the sum of its shard rows and the net of its
+        flushed generations (0 if it has neither)."""
 
     def totals(self, names: Iterable[str]) -> dict[str, int]:
-        """Exact values of many counters in one query; a name without shard rows maps to 0."""
+        """``total`` of many counters in one query; an unknown name maps to 0."""
+
+    def add_generation(self, name: str, generation: int) -> None:
+        """Record cache generation ``generation`` of buffered counter ``name``, with nothing
+        applied yet. Idempotent: recording it again changes nothing."""
+
+    def generations(self, names: Iterable[str]) -> dict[str, dict[int, Flushed]]:
+        """What is applied of every recorded generation of the named counters, in one query
+        (a name without generations is absent from the result)."""
+
+    def advance(self, name: str, generation: int, seen: Flushed, to: Flushed) -> bool:
+        """Compare-and-set one generation's applied sums: from ``seen`` to ``to``, only if
+        they still are ``seen``. One atomic statement; returns whether it set them."""
 
     def purge_keys(self, older_than: float) -> int:
         """Delete idempotency keys recorded before the epoch time ``older_than``; return how

@@ -31,7 +31,7 @@ from shardkit.errors import (
     CounterKindMismatch,
     MissingDriver,
 )
-from shardkit.store.base import CounterInfo
+from shardkit.store.base import CounterInfo, Flushed
 from shardkit.validation import MAX_NAME_LENGTH
 
 _T = TypeVar("_T")
@@ -181,7 +181,8 @@ class _Compiled:
 class SqlStore:
     """A durable store on any SQL database SQLAlchemy reaches through one of our drivers.
 
-    Tables are named ``{prefix}counters``, ``{prefix}shards`` and ``{prefix}keys``.
+    Tables are named ``{prefix}counters``, ``{prefix}shards``, ``{prefix}keys`` and
+    ``{prefix}flushed`` (what each cache generation of a buffered counter has flushed).
     Thread-safe; fork-safe (a child opens its own connections). Writes without an
     idempotency key run on held autocommit connections (at most ``pool_size - 1`` held,
     so other users of the engine's pool are never starved).
@@ -218,6 +219,15 @@ class SqlStore:
             sa.Column("name", _Text(), primary_key=True),
             sa.Column("key", _Text(), primary_key=True),
             sa.Column("created_at", sa.Double, nullable=False, index=True),
+        )
+        self.flushed_table = sa.Table(
+            f"{prefix}flushed",
+            metadata,
+            sa.Column("name", _Text(), primary_key=True),
+            sa.Column("generation", sa.BigInteger, primary_key=True, autoincrement=False),
+            sa.Column("up", sa.BigInteger, nullable=False),
+            sa.Column("down", sa.BigInteger, nullable=False),
+            sa.Column("created_at", sa.Double, nullable=False),
         )
         self.metadata = metadata
         self._upsert_add = self._dialect.upsert_add(self.shards_table)
@@ -388,16 +398,66 @@ class SqlStore:
         result = dict.fromkeys(wanted, 0)
         if not wanted:
             return result
-        table = self.shards_table
+        shards, flushed = self.shards_table, self.flushed_table
         rows = self._read(
             "reading counter values",
-            sa.select(table.c.name, sa.func.sum(table.c.value))
-            .where(table.c.name.in_(wanted))
-            .group_by(table.c.name),
+            sa.union_all(
+                sa.select(shards.c.name, sa.func.sum(shards.c.value))
+                .where(shards.c.name.in_(wanted))
+                .group_by(shards.c.name),
+                sa.select(flushed.c.name, sa.func.sum(flushed.c.up - flushed.c.down))
+                .where(flushed.c.name.in_(wanted))
+                .group_by(flushed.c.name),
+            ),
         )
         for name, total in rows:
-            result[name] = int(total)
+            result[name] += int(total)
         return result
+
+    # -- buffered counters' generations ------------------------------------------------
+
+    def add_generation(self, name: str, generation: int) -> None:
+        row = {"name": name, "generation": generation, "up": 0, "down": 0}
+        self._in_transaction(
+            f"recording a generation of counter {name!r}",
+            lambda conn: self._dialect.insert_ignore(
+                conn, self.flushed_table, {**row, "created_at": time.time()}
+            ),
+        )
+
+    def generations(self, names: Iterable[str]) -> dict[str, dict[int, Flushed]]:
+        wanted = list(dict.fromkeys(names))
+        if not wanted:
+            return {}
+        table = self.flushed_table
+        rows = self._read(
+            "reading flushed generations",
+            sa.select(table.c.name, table.c.generation, table.c.up, table.c.down).where(
+                table.c.name.in_(wanted)
+            ),
+        )
+        result: dict[str, dict[int, Flushed]] = {}
+        for row in rows:
+            result.setdefault(row.name, {})[int(row.generation)] = Flushed(
+                int(row.up), int(row.down)
+            )
+        return result
+
+    def advance(self, name: str, generation: int, seen: Flushed, to: Flushed) -> bool:
+        table = self.flushed_table
+        statement = (
+            sa.update(table)
+            .where(
+                table.c.name == name,
+                table.c.generation == generation,
+                table.c.up == seen.up,
+                table.c.down == seen.down,
+            )
+            .values(up=to.up, down=to.down)
+        )
+        return self._in_transaction(
+            f"flushing counter {name!r}", lambda conn: conn.execute(statement).rowcount == 1
+        )
 
     # -- maintenance -------------------------------------------------------------------
 

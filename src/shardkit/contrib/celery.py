@@ -1,0 +1,95 @@
+"""The Celery executor: a kit's background tasks as registered Celery tasks.
+
+Build the kit in the module that defines the Celery app, so the worker (which imports
+that module) has the same kit with the same tasks::
+
+    app = Celery("proj", broker="redis://…")
+    kit = shardkit.connect(store=…, cache="redis://…", executor=CeleryExecutor(app))
+
+and run ``celery -A proj worker``. Every shardkit task is named ``shardkit.<task>``
+(route them with ``task_routes={"shardkit.*": {"queue": …}}``), takes JSON arguments
+only, and is acknowledged late: a worker killed while running one gets it redelivered.
+That is safe because shardkit's tasks are idempotent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from shardkit import _urls
+from shardkit.errors import BackendError, ConfigurationError
+from shardkit.executor.base import Marks, Task
+
+
+class CeleryExecutor:
+    """Submits tasks to a Celery app's broker; its workers run them.
+
+    ``close()`` does nothing: submitted tasks are in the broker, and the app is the
+    caller's to close.
+    """
+
+    def __init__(self, app: Any, *, queue: str | None = None) -> None:
+        self.app = app
+        self.queue = queue
+        self.url = f"celery://{app.main or 'app'}"
+        self._tasks: Mapping[str, Task] = {}
+        self._marks: Marks | None = None
+
+    def __repr__(self) -> str:
+        return f"<CeleryExecutor {self.url}>"
+
+    def bind(self, tasks: Mapping[str, Task], marks: Marks) -> None:
+        self._tasks = tasks
+        self._marks = marks
+        for name in tasks:
+            self.app.task(
+                self._runner(name),
+                name=f"shardkit.{name}",
+                serializer="json",
+                acks_late=True,
+                reject_on_worker_lost=True,
+                ignore_result=True,
+            )
+
+    def _runner(self, name: str) -> Any:
+        def run(**args: Any) -> None:
+            self._tasks[name](args)
+
+        run.__name__ = run.__qualname__ = f"shardkit_{name}"
+        run.__module__ = __name__
+        return run
+
+    def submit(
+        self,
+        task: str,
+        args: Mapping[str, Any],
+        *,
+        delay: float = 0.0,
+        dedupe: str | None = None,
+        window: float = 60.0,
+    ) -> bool:
+        if task not in self._tasks or self._marks is None:
+            raise ConfigurationError(f"no task named {task!r} is bound to {self.url}")
+        if dedupe is not None and not self._marks.claim(dedupe, max(delay, 0.0) + window):
+            return False
+        try:
+            self.app.send_task(
+                f"shardkit.{task}",
+                kwargs=dict(args),
+                countdown=delay if delay > 0 else None,
+                serializer="json",
+                queue=self.queue,
+            )
+        except Exception as exc:  # kombu's and the transports' errors share no base
+            password = urlsplit(str(self.app.conf.broker_url or "")).password
+            detail = _urls.scrub(f"{type(exc).__name__}: {exc}", password)
+            raise BackendError(f"{self.url} could not submit {task!r}: {detail}") from exc
+        return True
+
+    def close(self) -> None:
+        return None
+
+
+__all__ = ["CeleryExecutor"]

@@ -1,0 +1,244 @@
+"""The buffered (write-behind) counter: increments land in the cache, flushes move them to
+the store, at most one scheduled flush per counter per interval.
+
+How a flush can neither lose nor double a count, whatever crashes and whatever runs
+twice: the cache never holds a *pending delta* that a flush must move out. It holds, per
+*generation* of the counter, two cumulative sums that only grow — every increment ever
+made (``up``) and every decrement (``down``) — and the store records, per generation,
+how much of each sum it has applied. A flush reads the sums and advances the store's
+record to them with one compare-and-set statement. Applying the same reading twice is a
+no-op, a stale reading never moves the record back, and a flush killed at any point
+leaves the sums in the cache for the next flush to apply. The counter's stored value is
+the net of every generation's record; its pending part is what the cache holds beyond.
+
+A generation is a random 63-bit id, recorded in the store *before* its cache keys are
+created. When the cache loses a key (eviction, restart, FLUSHALL) the generation is dead
+and writers start a new one; what was pending in the dead one is what is lost, and only
+that. A generation's keys are never created twice, so a reading can never start again
+from zero below what the store applied.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from shardkit.counters.base import CounterSettings
+from shardkit.errors import BackendError, InvalidDelta, ValidationError
+from shardkit.executor.base import Executor
+from shardkit.store.base import CounterInfo, Flushed
+from shardkit.validation import INT64_MAX, check_delta
+
+# A writer that finds its generation dead adopts or starts another; a cache being wiped
+# again and again while it does so gives up after this many tries.
+_ATTEMPTS = 5
+# How many counters one flush reads from the cache in one round trip.
+_BATCH = 500
+
+
+class Parts(NamedTuple):
+    """A buffered counter's value: what the store holds, and what waits in the cache."""
+
+    stored: int
+    pending: int
+
+    @property
+    def total(self) -> int:
+        return self.stored + self.pending
+
+
+class BufferedCounter:
+    """A counter whose increments cost one cache round trip and reach the store in
+    flushes, at most one scheduled per counter per ``interval`` seconds.
+
+    Guarantees:
+
+    * An increment that returns is in the cache. It reaches the store with the flush
+      of its interval, scheduled on the kit's executor: within about ``interval``
+      plus the executor's lag.
+    * A flush — scheduled, ``flush()``, ``Kit.flush_all()``, run concurrently, run twice,
+      killed at any point — never loses or doubles a count (see the module docstring).
+    * Only a cache that loses data loses increments: those made since the last flush of
+      the generation it lost, at most. Nothing already flushed is ever lost.
+    * ``value()`` is exact at the moment it reads: stored plus pending.
+
+    Thread-safe; usable in a forked child.
+    """
+
+    kind = "buffered"
+
+    def __init__(
+        self, info: CounterInfo, settings: CounterSettings, executor: Executor, interval: float
+    ) -> None:
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
+            raise ValidationError(f"interval must be a number of seconds > 0, not {interval!r}")
+        self.name = info.name
+        self.interval = float(interval)
+        self._settings = settings
+        self._executor = executor
+        self._pointer_key = settings.cache_key(self.name, "buffered:generation")
+        self._generation: int | None = None
+        self._scheduled: tuple[int, int] | None = None  # (pid, interval number)
+
+    def __repr__(self) -> str:
+        return f"<BufferedCounter {self.name!r} interval={self.interval}>"
+
+    def _keys(self, generation: int) -> tuple[str, str]:
+        return _keys(self._settings, self.name, generation)
+
+    # -- writes ------------------------------------------------------------------------
+
+    def incr(self, delta: int = 1) -> None:
+        """Add ``delta`` (a non-zero int within ±(2**63 - 1)); one cache round trip, plus
+        one per interval per process to schedule the flush.
+
+        A call that raises ``BackendError`` may or may not have counted.
+        """
+        delta = check_delta(delta)
+        if delta == 0:
+            return
+        if delta < -INT64_MAX:
+            raise InvalidDelta(f"delta {delta} is outside ±(2**63 - 1)")
+        side = 0 if delta > 0 else 1
+        cache = self._settings.cache
+        generation = self._generation
+        for _ in range(_ATTEMPTS):
+            if generation is None:
+                generation = self._adopt(dead=None)
+            if cache.incr(self._keys(generation)[side], abs(delta)) is not None:
+                break
+            generation = self._adopt(dead=generation)
+        else:
+            raise BackendError(f"cache {cache.url} kept losing counter {self.name!r}'s keys")
+        self._schedule()
+
+    def decr(self, delta: int = 1) -> None:
+        """Subtract ``delta``; the same contract as ``incr``."""
+        self.incr(-check_delta(delta))
+
+    def _adopt(self, dead: int | None) -> int:
+        """The generation to write to, now that ``dead`` (if any) has lost its keys: the
+        one the cache points at, unless that is ``dead`` or absent; then a new one."""
+        cache = self._settings.cache
+        pointer = cache.get(self._pointer_key)
+        if pointer is None or pointer == dead:
+            pointer = self._start_generation(replacing=pointer)
+        self._generation = pointer
+        return pointer
+
+    def _start_generation(self, replacing: int | None) -> int:
+        settings = self._settings
+        generation = random.randrange(1, 2**63)
+        # Recorded first: a flush only reads generations the store knows, so the keys
+        # must not take increments before the record exists.
+        settings.store.add_generation(self.name, generation)
+        for key in self._keys(generation):
+            settings.cache.add(key, 0, None)
+        if replacing is not None:
+            settings.cache.delete(self._pointer_key)
+        # Losing this race is harmless: every recorded generation is flushed, so writers
+        # may use ours or the winner's.
+        settings.cache.add(self._pointer_key, generation, None)
+        return generation
+
+    def _schedule(self) -> None:
+        """Submit this interval's flush, once per process (and, through the executor's
+        deduplication, once in all) per interval; due when the interval ends."""
+        now = time.time()
+        number = int(now // self.interval)
+        if self._scheduled == (os.getpid(), number):
+            return
+        self._scheduled = (os.getpid(), number)
+        delay = (number + 1) * self.interval - now
+
+        def submit() -> None:
+            try:
+                self._executor.submit(
+                    "flush",
+                    {"name": self.name},
+                    delay=delay,
+                    dedupe=f"flush:{self.name}:{number}",
+                    window=self.interval,
+                )
+            except BaseException:
+                self._scheduled = None  # the next increment tries again
+                raise
+
+        # The increment has counted: failing the call now would invite a doubled retry.
+        self._settings.best_effort("scheduling a flush", submit)
+
+    # -- flushes -----------------------------------------------------------------------
+
+    def flush(self) -> int:
+        """Move what is pending into the store now; return how much this call moved.
+
+        Safe at any time, from anywhere, concurrently with writers and other flushes.
+        """
+        return flush_counters(self._settings, [self.name]).get(self.name, 0)
+
+    # -- reads -------------------------------------------------------------------------
+
+    def parts(self) -> Parts:
+        """The stored and pending parts of the value: one store read, then one cache read
+        (in that order, so a flush between the two is never counted twice)."""
+        settings = self._settings
+        generations = settings.store.generations([self.name]).get(self.name, {})
+        keys = {generation: self._keys(generation) for generation in generations}
+        live = settings.cache.get_many([key for pair in keys.values() for key in pair])
+        stored = pending = 0
+        for generation, applied in generations.items():
+            stored += applied.net
+            pending += _reading(applied, keys[generation], live).net - applied.net
+        return Parts(stored, pending)
+
+    def value(self) -> int:
+        """The exact value now: stored plus pending."""
+        return self.parts().total
+
+
+def _keys(settings: CounterSettings, name: str, generation: int) -> tuple[str, str]:
+    return (
+        settings.cache_key(name, f"buffered:{generation}:up"),
+        settings.cache_key(name, f"buffered:{generation}:down"),
+    )
+
+
+def _reading(applied: Flushed, keys: tuple[str, str], live: dict[str, int]) -> Flushed:
+    """A generation's sums as read from the cache, never below what the store applied
+    (an absent key — a dead generation — reads as what was applied)."""
+    up, down = keys
+    return Flushed(max(applied.up, live.get(up, 0)), max(applied.down, live.get(down, 0)))
+
+
+def flush_counters(settings: CounterSettings, names: Iterable[str]) -> dict[str, int]:
+    """Flush the buffered counters ``names``: for each generation, advance the store's
+    record to the cache's sums. Returns the amount moved per counter that moved.
+
+    Idempotent and safe to run concurrently: each advance is a compare-and-set that is
+    retried against the newer record when another flush got there first.
+    """
+    store, cache = settings.store, settings.cache
+    moved: dict[str, int] = {}
+    wanted = list(dict.fromkeys(names))
+    for start in range(0, len(wanted), _BATCH):
+        recorded = store.generations(wanted[start : start + _BATCH])
+        keys = {
+            (name, generation): _keys(settings, name, generation)
+            for name, generations in recorded.items()
+            for generation in generations
+        }
+        live = cache.get_many([key for pair in keys.values() for key in pair])
+        for (name, generation), pair in keys.items():
+            applied = recorded[name][generation]
+            reading = _reading(applied, pair, live)
+            while reading != applied:
+                if store.advance(name, generation, applied, reading):
+                    moved[name] = moved.get(name, 0) + reading.net - applied.net
+                    break
+                # Another flush advanced the record: go on from what it applied.
+                applied = store.generations([name])[name][generation]
+                reading = Flushed(max(applied.up, reading.up), max(applied.down, reading.down))
+    return moved

@@ -1,0 +1,64 @@
+"""The executor interface: background work, submitted by task name with JSON arguments.
+
+A kit binds its tasks (functions of one JSON-able ``dict``) to an executor when it is
+connected; counters then submit them by name, optionally after a delay and optionally
+deduplicated by a name. Deduplication marks live in the kit's cache, so processes that
+share a cache share their marks: of many submissions under one name within its window,
+one runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from shardkit.cache.base import Cache
+
+Task = Callable[[Mapping[str, Any]], object]
+"""A background task: called with the JSON-able arguments it was submitted with. Tasks
+must be idempotent: an executor may run a submission more than once (a redelivered
+message), or not at all (a process that dies with it queued)."""
+
+
+class Marks:
+    """Deduplication marks: the first claim of a name within its window wins."""
+
+    def __init__(self, cache: Cache, namespace: str) -> None:
+        self.cache = cache
+        self._prefix = f"{namespace}task:"
+
+    def claim(self, name: str, ttl: float) -> bool:
+        """Whether this call is the first to claim ``name`` in the last ``ttl`` seconds.
+        Atomic across every process sharing the cache."""
+        return self.cache.add(self._prefix + name, 1, ttl)
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Runs a kit's tasks in the background. Thread-safe."""
+
+    url: str
+    """What the executor is, for messages: ``local://…`` or ``celery://…``."""
+
+    def bind(self, tasks: Mapping[str, Task], marks: Marks) -> None:
+        """Serve ``tasks`` by name and keep deduplication marks in ``marks``. Called once by
+        ``connect``; an executor serves one kit, so binding again replaces both."""
+
+    def submit(
+        self,
+        task: str,
+        args: Mapping[str, Any],
+        *,
+        delay: float = 0.0,
+        dedupe: str | None = None,
+        window: float = 60.0,
+    ) -> bool:
+        """Run ``task(args)`` in the background, ``delay`` seconds from now or later.
+
+        With ``dedupe``, the submission is a no-op (returns False) if a submission under the
+        same name was made within the last ``delay + window`` seconds by anyone sharing
+        the cache. Returns True when submitted. ``args`` must be JSON-able.
+        """
+
+    def close(self) -> None:
+        """Stop taking work; run or hand over what was submitted (see each executor)."""
