@@ -9,7 +9,7 @@ import pytest
 
 from conftest import run_together
 from shardkit.errors import BackendError, CounterKindMismatch
-from shardkit.store import Store
+from shardkit.store import Flushed, Store
 from shardkit.validation import INT64_MAX, INT64_MIN
 
 
@@ -119,3 +119,43 @@ def test_concurrent_opens_and_grows_of_one_counter(store: Store, name: str) -> N
     assert info is not None
     grown = [s for seed in range(8) for s in random.Random(seed).sample(range(1, 60), 12) if s % 2]
     assert info.shards >= max(grown)
+
+
+def test_generations_are_recorded_once_and_advanced_by_compare_and_set(
+    store: Store, name: str
+) -> None:
+    store.add_generation(name, 7)
+    store.add_generation(name, 7)
+    store.add_generation(name, INT64_MAX)
+    assert store.generations([name, f"{name}:none"]) == {
+        name: {7: Flushed(0, 0), INT64_MAX: Flushed(0, 0)}
+    }
+    assert store.advance(name, 7, Flushed(0, 0), Flushed(10, 3))
+    # A stale reading (another flush got there first) changes nothing.
+    assert not store.advance(name, 7, Flushed(0, 0), Flushed(12, 3))
+    assert not store.advance(name, 8, Flushed(0, 0), Flushed(1, 0))
+    assert store.advance(name, INT64_MAX, Flushed(0, 0), Flushed(INT64_MAX, 0))
+    assert store.generations([name])[name] == {7: Flushed(10, 3), INT64_MAX: Flushed(INT64_MAX, 0)}
+
+
+def test_totals_add_flushed_generations_to_shard_rows(store: Store, name: str) -> None:
+    store.add(name, 0, 5)
+    store.add_generation(name, 1)
+    store.add_generation(name, 2)
+    store.advance(name, 1, Flushed(), Flushed(100, 30))
+    store.advance(name, 2, Flushed(), Flushed(0, 1))
+    assert store.total(name) == 5 + 70 - 1
+    assert store.totals([name, f"{name}:none"]) == {name: 74, f"{name}:none": 0}
+
+
+def test_concurrent_advances_of_one_generation_have_one_winner(store: Store, name: str) -> None:
+    store.add_generation(name, 1)
+    winners: list[int] = []
+
+    def work(index: int) -> None:
+        if store.advance(name, 1, Flushed(), Flushed(index + 1, 0)):
+            winners.append(index)
+
+    run_together(8, work)
+    assert len(winners) == 1
+    assert store.generations([name])[name][1] == Flushed(winners[0] + 1, 0)

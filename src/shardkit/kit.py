@@ -17,7 +17,7 @@ from shardkit.counters.buffered import flush_counters
 from shardkit.errors import ConfigurationError, CounterKindMismatch, CounterNotFound, ShardkitError
 from shardkit.executor import Executor, LocalExecutor, Marks
 from shardkit.store import CounterInfo, Store, open_store
-from shardkit.validation import check_name, check_shards
+from shardkit.validation import check_interval, check_name, check_shards
 
 DEFAULT_STORE = "sqlite:///shardkit.db"
 DEFAULT_CACHE = "memory://"
@@ -96,6 +96,7 @@ class Kit:
         increments this kit flushes to the store every ``interval`` seconds (a setting
         of this process, not of the counter: processes may flush at their own pace)."""
         check_name(name)
+        interval = check_interval(interval)
         counter = self._opened(name, BufferedCounter)
         if counter is not None and counter.interval == interval:
             return counter

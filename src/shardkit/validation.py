@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from shardkit.errors import InvalidDelta, InvalidName, InvalidShardCount
+from shardkit.errors import InvalidDelta, InvalidName, InvalidShardCount, ValidationError
 
 MAX_NAME_LENGTH = 200
 INT64_MIN = -(2**63)
@@ -45,3 +45,10 @@ def check_shards(shards: object, maximum: int) -> int:
     if not 1 <= shards <= maximum:
         raise InvalidShardCount(f"shard count {shards} is outside 1..{maximum}")
     return shards
+
+
+def check_interval(interval: object) -> float:
+    """Return ``interval`` as a float if it is a number of seconds > 0 (not a bool)."""
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
+        raise ValidationError(f"interval must be a number of seconds > 0, not {interval!r}")
+    return float(interval)

@@ -27,10 +27,10 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from shardkit.counters.base import CounterSettings
-from shardkit.errors import BackendError, InvalidDelta, ValidationError
+from shardkit.errors import BackendError, InvalidDelta
 from shardkit.executor.base import Executor
 from shardkit.store.base import CounterInfo, Flushed
-from shardkit.validation import INT64_MAX, check_delta
+from shardkit.validation import INT64_MAX, check_delta, check_interval
 
 # A writer that finds its generation dead adopts or starts another; a cache being wiped
 # again and again while it does so gives up after this many tries.
@@ -73,10 +73,8 @@ class BufferedCounter:
     def __init__(
         self, info: CounterInfo, settings: CounterSettings, executor: Executor, interval: float
     ) -> None:
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
-            raise ValidationError(f"interval must be a number of seconds > 0, not {interval!r}")
         self.name = info.name
-        self.interval = float(interval)
+        self.interval = check_interval(interval)
         self._settings = settings
         self._executor = executor
         self._pointer_key = settings.cache_key(self.name, "buffered:generation")

@@ -1,0 +1,139 @@
+"""The local executor, and the deduplication marks every executor keeps in the cache."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from shardkit.cache import Cache
+from shardkit.errors import ConfigurationError
+from shardkit.executor import LocalExecutor, Marks
+
+
+class Recorder:
+    """Tasks that record their calls and signal each one."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any], float]] = []
+        self.called = threading.Semaphore(0)
+
+    def task(self, name: str) -> Any:
+        def run(args: Mapping[str, Any]) -> None:
+            self.calls.append((name, dict(args), time.monotonic()))
+            self.called.release()
+
+        return run
+
+    def wait(self, count: int, timeout: float = 10.0) -> None:
+        for _ in range(count):
+            assert self.called.acquire(timeout=timeout), "a task never ran"
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"shardkit-test:{uuid.uuid4().hex}:"
+
+
+def bound(cache: Cache, namespace: str, recorder: Recorder) -> LocalExecutor:
+    executor = LocalExecutor(workers=2)
+    executor.bind({"a": recorder.task("a"), "b": recorder.task("b")}, Marks(cache, namespace))
+    return executor
+
+
+def test_tasks_run_with_their_arguments_after_their_delay(cache: Cache, namespace: str) -> None:
+    recorder = Recorder()
+    executor = bound(cache, namespace, recorder)
+    submitted = time.monotonic()
+    assert executor.submit("b", {"n": 2}, delay=0.3)
+    assert executor.submit("a", {"n": 1})
+    recorder.wait(2)
+    executor.close()
+    (first, args_a, _), (second, args_b, ran_b) = recorder.calls
+    assert (first, args_a, second, args_b) == ("a", {"n": 1}, "b", {"n": 2})
+    assert ran_b - submitted >= 0.3
+
+
+def test_a_deduplicated_name_runs_once_per_window(cache: Cache, namespace: str) -> None:
+    recorder = Recorder()
+    one, two = bound(cache, namespace, recorder), bound(cache, namespace, recorder)
+    assert one.submit("a", {}, dedupe="job", window=60)
+    assert not one.submit("a", {}, dedupe="job", window=60)
+    # Executors sharing the cache share the marks (the memory cache: one process).
+    assert not two.submit("a", {}, dedupe="job", window=60)
+    assert one.submit("a", {}, dedupe="another", window=60)
+    recorder.wait(2)
+    one.close()
+    two.close()
+    assert len(recorder.calls) == 2
+
+
+def test_a_mark_expires_after_its_window(cache: Cache, namespace: str) -> None:
+    executor = bound(cache, namespace, Recorder())
+    assert executor.submit("a", {}, dedupe="job", window=1)
+    deadline = time.monotonic() + 5
+    while not executor.submit("a", {}, dedupe="job", window=1):
+        assert time.monotonic() < deadline, "the mark outlived its window"
+        time.sleep(0.05)
+    executor.close()
+
+
+def test_close_runs_delayed_tasks_at_once_and_refuses_more(cache: Cache, namespace: str) -> None:
+    recorder = Recorder()
+    executor = bound(cache, namespace, recorder)
+    executor.submit("a", {"n": 1}, delay=3600)
+    executor.submit("b", {"n": 2}, delay=3600)
+    executor.close()
+    assert [(name, args) for name, args, _ in recorder.calls] == [("a", {"n": 1}), ("b", {"n": 2})]
+    with pytest.raises(ConfigurationError):
+        executor.submit("a", {})
+
+
+def test_unknown_tasks_and_unbound_dedupe_are_refused(cache: Cache, namespace: str) -> None:
+    executor = bound(cache, namespace, Recorder())
+    with pytest.raises(ConfigurationError, match="no task named 'c'"):
+        executor.submit("c", {})
+    executor.close()
+    with pytest.raises(ConfigurationError):
+        LocalExecutor(workers=0)
+
+
+def test_a_failing_task_is_logged_and_the_executor_goes_on(
+    cache: Cache, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    recorder = Recorder()
+    executor = LocalExecutor()
+
+    def fail(args: Mapping[str, Any]) -> None:
+        raise RuntimeError("boom")
+
+    executor.bind({"fail": fail, "a": recorder.task("a")}, Marks(cache, namespace))
+    with caplog.at_level(logging.ERROR, logger="shardkit"):
+        executor.submit("fail", {})
+        executor.submit("a", {})
+        recorder.wait(1)
+        executor.close()
+    assert "background task fail{} failed" in caplog.text
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_starts_with_an_empty_executor(namespace: str) -> None:
+    from shardkit.cache import MemoryCache
+
+    recorder = Recorder()
+    executor = bound(MemoryCache(), namespace, recorder)
+    executor.submit("a", {}, delay=3600)
+    pid = os.fork()
+    if pid == 0:  # the child: its close must not run the parent's delayed task
+        executor.close()
+        os._exit(len(recorder.calls))
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    executor.close()
+    assert len(recorder.calls) == 1
