@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 from click.testing import CliRunner
 
 import shardkit
-from conftest import PREFIX
+from conftest import CACHE_URLS, PREFIX, require
 from shardkit.cli import main
 
 
@@ -100,3 +105,100 @@ def test_demo_races_naive_and_sharded_and_checks_the_totals() -> None:
     assert "sharded" in result.stdout
     assert "✗" not in result.stdout
     assert result.stdout.count("✓") == 2
+
+
+@pytest.fixture
+def redis_run(sqlite_url: str) -> object:
+    """The command on the session's SQLite store with the tests' Redis as the cache."""
+    require(CACHE_URLS["redis"])
+    runner = CliRunner()
+
+    def invoke(*args: str) -> tuple[int, str, str]:
+        result = runner.invoke(
+            main,
+            ["--store", sqlite_url, "--cache", CACHE_URLS["redis"], "--prefix", PREFIX, *args],
+            catch_exceptions=False,
+        )
+        return result.exit_code, result.stdout, result.stderr
+
+    return invoke
+
+
+def test_get_and_flush_show_a_buffered_counters_parts(  # type: ignore[no-untyped-def]
+    redis_run, sqlite_url: str, name: str
+) -> None:
+    with shardkit.connect(sqlite_url, CACHE_URLS["redis"], prefix=PREFIX) as kit:
+        kit.buffered(name, interval=3600).incr(4)
+        assert redis_run("get", name) == (0, "4 (stored 0, pending 4)\n", "")
+        assert redis_run("flush", name) == (0, f"{name} +4\nflushed 1 counter\n", "")
+        assert redis_run("get", name) == (0, "4 (stored 4, pending 0)\n", "")
+        kit.buffered(name, interval=3600).incr(-1)
+        code, out, _ = redis_run("flush", "--all")
+        assert code == 0
+        assert f"{name} -1\n" in out
+        kit.buffered(name, interval=3600).incr(2)
+        code, out, _ = redis_run("worker", "--once")
+        assert (code, f"{name} +2\n" in out) == (0, True)
+        assert kit.buffered(name).parts() == (5, 0)
+
+
+def test_incr_buffered_is_flushed_when_the_command_exits(run, name: str) -> None:  # type: ignore[no-untyped-def]
+    assert run("incr", name, "--buffered", "--by", "3") == (
+        0,
+        f"{name} +3 (pending until flushed)\n",
+        "",
+    )
+    assert run("incr", name, "--by", "2")[0] == 0  # an existing buffered counter stays one
+    assert run("get", name) == (0, "5 (stored 5, pending 0)\n", "")
+    out = run("list")[1]
+    assert "buffered" in next(line for line in out.splitlines() if name in line)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("incr", "{name}", "--key", "k"), "--key and --shards are for sharded counters"),
+        (("grow", "{name}", "4"), "is a buffered counter, not sharded"),
+    ],
+)
+def test_sharded_only_options_are_refused_on_a_buffered_counter(  # type: ignore[no-untyped-def]
+    run, name: str, args: tuple[str, ...], message: str
+) -> None:
+    run("incr", name, "--buffered")
+    code, out, err = run(*(arg.format(name=name) for arg in args))
+    assert (code, out) == (1, "")
+    assert message in err
+    assert run("get", name)[1] == "1 (stored 1, pending 0)\n"
+
+
+def test_flush_needs_a_name_or_all(run, name: str) -> None:  # type: ignore[no-untyped-def]
+    assert run("flush")[0] == 2
+    assert run("flush", name, "--all")[0] == 2
+    run("incr", name)
+    code, _, err = run("flush", name)
+    assert (code, "sharded counter" in err) == (1, True)
+
+
+@pytest.mark.slow
+def test_worker_flushes_in_the_foreground_until_interrupted(sqlite_url: str, name: str) -> None:
+    require(CACHE_URLS["redis"])
+    command = [
+        sys.executable, "-m", "shardkit", "--store", sqlite_url, "--cache",
+        CACHE_URLS["redis"], "--prefix", PREFIX, "worker", "--interval", "0.2",
+    ]  # fmt: skip
+    with shardkit.connect(sqlite_url, CACHE_URLS["redis"], prefix=PREFIX) as kit:
+        hits = kit.buffered(name, interval=3600)
+        hits.incr(6)
+        worker = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 20
+            while hits.parts().stored != 6:
+                assert time.monotonic() < deadline, "the worker never flushed"
+                time.sleep(0.05)
+            worker.send_signal(signal.SIGINT)
+            out, _ = worker.communicate(timeout=10)
+        finally:
+            worker.kill()
+    assert worker.returncode == 0
+    assert f"{name} +6" in out
+    assert out.rstrip().endswith("stopped")

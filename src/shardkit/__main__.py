@@ -1,0 +1,5 @@
+"""``python -m shardkit``: the ``shardkit`` command."""
+
+from shardkit.cli import main
+
+main()
