@@ -1,12 +1,18 @@
-"""One hot counter hammered by many writer processes, three ways, side by side.
+"""One hot counter hammered by many writer processes, five ways, side by side.
 
-* naive   - ``UPDATE … SET n = n + 1`` on one row: raw driver, autocommit
-* upsert  - raw driver upsert (``ON CONFLICT`` / ``ON DUPLICATE KEY``) on a random one of
-            ``--shards`` rows of a table shaped like shardkit's shard table, autocommit
-* sharded - ``kit.sharded(name, shards).incr()``
+* naive      - ``UPDATE … SET n = n + 1`` on one row: raw driver, autocommit
+* upsert     - raw driver upsert (``ON CONFLICT`` / ``ON DUPLICATE KEY``) on a random one of
+               ``--shards`` rows of a table shaped like shardkit's shard table, autocommit
+* sharded    - ``kit.sharded(name, shards).incr()``
+* buffered   - ``kit.buffered(name, interval).incr()``: one cache round trip; the kit's
+               executor flushes the cache's sums to the store every ``--interval`` seconds
+* redis-incr - raw redis-py ``INCR`` on one key (only with a Redis ``--cache``): the
+               baseline of the buffered counter
 
 The raw driver is the store's own: psycopg, PyMySQL or sqlite3. Every cell checks that
-the counter moved by exactly the number of acknowledged writes.
+the counter moved by exactly the number of acknowledged writes (the buffered counter's
+stored value, once flushed after the phase). For the buffered counter the benchmark also
+counts the store writes its flushes made during the phase.
 
     python benchmarks/hot_counter.py --store postgresql://postgres@127.0.0.1:5432/test \\
         --cache redis://127.0.0.1:6379/12 --repeat 3
@@ -16,13 +22,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
 import random
 import sqlite3
+import statistics
 import sys
 import tempfile
+import threading
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +53,15 @@ from shardkit.demo import (
 )
 from shardkit.store.sql import SqlStore, engine_from_url
 
-MODES = ("naive", "upsert", "sharded")
+MODES = ("naive", "upsert", "sharded", "buffered", "redis-incr")
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+# The targets the buffered counter is held to, at this many writers.
+TARGET_WRITERS = 16
+TARGETS = (("naive", 10.0), ("redis-incr", 0.8))
+STORE_WRITES = ("advanced", "lost", "generations")
+"""What the buffered writers' store writes are: flushes' compare-and-sets that advanced
+the store, ones that lost to another flush (a write that matched no row), and new cache
+generations recorded."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +74,25 @@ class RawTarget:
     shard_table: str
     name: str
     shards: int
+
+
+@dataclass(frozen=True)
+class BufferedTarget:
+    """What a buffered writer needs: the kit's URLs, the counter, and where to report."""
+
+    store_url: str
+    cache_url: str
+    name: str
+    prefix: str
+    interval: float
+    report_dir: str
+    """Each writer leaves a JSON file here with the store writes its kit made."""
+
+
+@dataclass(frozen=True)
+class RedisTarget:
+    url: str
+    key: str
 
 
 def raw_connect(url: str) -> Any:
@@ -131,12 +168,73 @@ def raw_upsert(target: RawTarget) -> Iterator[Op]:
         conn.close()
 
 
-def totals(store: SqlStore, naive: sa.Table, shard: sa.Table, name: str) -> dict[str, int]:
-    """The current value of each mode's counter."""
-    with store.engine.connect() as conn:
-        n = conn.execute(sa.select(naive.c.n)).scalar_one()
-        upserted = conn.execute(sa.select(sa.func.sum(shard.c.value))).scalar()
-    return {"naive": int(n), "upsert": int(upserted or 0), "sharded": store.total(name)}
+class StoreWrites:
+    """Counts the store writes a kit's buffered counters make, by wrapping the store's
+    ``advance`` and ``add_generation`` on this one store object (benchmark-only)."""
+
+    def __init__(self, store: Any) -> None:
+        self.counts = dict.fromkeys(STORE_WRITES, 0)
+        self._lock = threading.Lock()  # flushes run on the executor's threads
+        advance, add_generation = store.advance, store.add_generation
+
+        def counted_advance(*args: Any, **kwargs: Any) -> bool:
+            advanced = bool(advance(*args, **kwargs))
+            self._count("advanced" if advanced else "lost")
+            return advanced
+
+        def counted_add_generation(*args: Any, **kwargs: Any) -> None:
+            add_generation(*args, **kwargs)
+            self._count("generations")
+
+        store.advance = counted_advance
+        store.add_generation = counted_add_generation
+
+    def _count(self, what: str) -> None:
+        with self._lock:
+            self.counts[what] += 1
+
+
+@contextlib.contextmanager
+def buffered_writer(target: BufferedTarget) -> Iterator[Op]:
+    """``kit.buffered(name, interval).incr()``; on the way out, the kit's close runs the
+    flush it has waiting, then the writer reports the store writes its kit made."""
+    with shardkit.connect(target.store_url, target.cache_url, prefix=target.prefix) as kit:
+        writes = StoreWrites(kit.store)
+        counter = kit.buffered(target.name, interval=target.interval)
+        # Warm up both connections without counting, so that no flush is scheduled
+        # before the phase: every flush counted is one the phase's increments caused.
+        counter.parts()
+        yield counter.incr
+    report = Path(target.report_dir) / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
+    report.write_text(json.dumps(writes.counts))
+
+
+def collect_store_writes(folder: Path) -> dict[str, int]:
+    """Sum and remove the reports the buffered writers left in ``folder``."""
+    totals = dict.fromkeys(STORE_WRITES, 0)
+    for report in folder.glob("*.json"):
+        for what, n in json.loads(report.read_text()).items():
+            totals[what] += n
+        report.unlink()
+    return totals
+
+
+def _redis_client(url: str) -> Any:
+    import redis
+
+    return redis.Redis.from_url(url, socket_connect_timeout=5)
+
+
+@contextlib.contextmanager
+def redis_incr(target: RedisTarget) -> Iterator[Op]:
+    """Raw redis-py ``INCR`` on one key."""
+    client = _redis_client(target.url)
+    try:
+        client.incrby(target.key, 0)
+        key, incr = target.key, client.incr
+        yield lambda: incr(key)
+    finally:
+        client.close()
 
 
 @dataclass
@@ -145,10 +243,30 @@ class Cell:
 
     phases: list[Phase]
     exact: bool = True
+    writes: list[dict[str, int]] = field(default_factory=list)
+    """The buffered writers' store writes, per phase."""
 
     @property
     def rate(self) -> float:
         return median_phase(self.phases)
+
+    @property
+    def write_rate(self) -> float:
+        """Median store writes per second of the buffered counter's phases: every write
+        its kits made, over the phase's length (the writers' mean time writing)."""
+        return statistics.median(
+            sum(w.values()) / statistics.fmean(p.elapsed)
+            for p, w in zip(self.phases, self.writes, strict=True)
+        )
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How to run one mode and how to read the total its writes must move exactly."""
+
+    setup: Setup[Any]
+    arg: Any
+    read: Callable[[], int]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -159,10 +277,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--writers", default="1,4,16", help="writer counts (1,4,16)")
     parser.add_argument("--repeat", type=int, default=1, help="runs per cell; medians shown")
     parser.add_argument("--shards", type=int, default=20, help="shards (20)")
+    parser.add_argument(
+        "--interval", type=float, default=1.0, help="buffered counter's flush interval (1.0 s)"
+    )
+    parser.add_argument(
+        "--modes",
+        help=f"comma-separated, of {','.join(MODES)} (default: all that apply; "
+        "redis-incr needs a Redis --cache)",
+    )
     args = parser.parse_args(argv)
     args.writer_counts = [int(w) for w in args.writers.split(",")]
     if min(args.writer_counts) < 1 or args.repeat < 1 or not args.seconds > 0:
         parser.error("writers and --repeat must be >= 1, --seconds > 0")
+    if not args.interval > 0:
+        parser.error("--interval must be > 0")
+    redis = args.cache.split(":", 1)[0].lower() in REDIS_SCHEMES
+    if args.modes is None:
+        args.modes = [m for m in MODES if redis or m != "redis-incr"]
+    else:
+        wanted = {m.strip() for m in args.modes.split(",") if m.strip()}
+        if unknown := wanted - set(MODES):
+            parser.error(f"unknown modes {', '.join(sorted(unknown))}; choose from {MODES}")
+        if "redis-incr" in wanted and not redis:
+            parser.error("redis-incr needs a Redis --cache (redis://, rediss:// or unix://)")
+        args.modes = [m for m in MODES if m in wanted]
+    if not args.modes:
+        parser.error("no modes selected")
     return args
 
 
@@ -171,11 +311,14 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     tag = uuid.uuid4().hex[:8]
     prefix = f"skbench{tag}_"
+    modes: list[str] = args.modes
     with contextlib.ExitStack() as stack:
         store_url: str = args.store or ""
+        scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="shardkit-bench-")))
         if not store_url:
-            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="shardkit-bench-"))
-            store_url = f"sqlite:///{Path(folder) / 'bench.db'}"
+            store_url = f"sqlite:///{scratch / 'bench.db'}"
+        reports = scratch / "store-writes"
+        reports.mkdir()
         kit = stack.enter_context(shardkit.connect(store_url, args.cache, prefix=prefix))
         store = kit.store
         assert isinstance(store, SqlStore)
@@ -205,58 +348,159 @@ def main(argv: list[str] | None = None) -> int:
             shards=args.shards,
         )
         kit.sharded("hot", shards=args.shards)
-        sharded = Target(store_url, args.cache, "hot", prefix=prefix)
-        runs: dict[str, tuple[Setup[Any], Any]] = {
-            "naive": (raw_naive, raw),
-            "upsert": (raw_upsert, raw),
-            "sharded": (sharded_writer, sharded),
+        buffered = kit.buffered("hot-buffered", interval=args.interval)
+
+        def read_naive() -> int:
+            with engine.connect() as conn:
+                return int(conn.execute(sa.select(naive.c.n)).scalar_one())
+
+        def read_upsert() -> int:
+            with engine.connect() as conn:
+                return int(conn.execute(sa.select(sa.func.sum(shard.c.value))).scalar() or 0)
+
+        def read_buffered() -> int:
+            buffered.flush()  # what the writers' kits left pending in a shared cache
+            return buffered.parts().stored
+
+        runs: dict[str, Mode] = {
+            "naive": Mode(raw_naive, raw, read_naive),
+            "upsert": Mode(raw_upsert, raw, read_upsert),
+            "sharded": Mode(
+                sharded_writer,
+                Target(store_url, args.cache, "hot", prefix=prefix),
+                lambda: store.total("hot"),
+            ),
+            "buffered": Mode(
+                buffered_writer,
+                BufferedTarget(
+                    store_url, args.cache, buffered.name, prefix, args.interval, str(reports)
+                ),
+                read_buffered,
+            ),
         }
+        if args.cache.split(":", 1)[0].lower() in REDIS_SCHEMES:
+            client = _redis_client(args.cache)
+            stack.callback(client.close)
+            stack.callback(forget_redis_keys, client, f"shardkit:{prefix}:", f"{prefix}incr")
+            runs["redis-incr"] = Mode(
+                redis_incr,
+                RedisTarget(args.cache, f"{prefix}incr"),
+                lambda: int(client.get(f"{prefix}incr") or 0),
+            )
         console.print(
             f"store [cyan]{store.url}[/], cache [cyan]{kit.cache.url}[/], "
-            f"{args.seconds:g} s per run, {args.repeat} run(s) per cell, {args.shards} shards"
+            f"{args.seconds:g} s per run, {args.repeat} run(s) per cell, {args.shards} shards, "
+            f"buffered flush interval {args.interval:g} s; modes {', '.join(modes)}"
         )
         cells: dict[tuple[int, str], Cell] = {}
         for writers in args.writer_counts:
             with Crew(writers) as crew:
                 for run in range(args.repeat):
-                    for mode in MODES:
+                    for mode in modes:
                         with console.status(f"{writers} writers, {mode}, run {run + 1}…"):
                             cell = cells.setdefault((writers, mode), Cell([]))
-                            before = totals(store, naive, shard, raw.name)[mode]
-                            setup, arg = runs[mode]
-                            phase = crew.run(setup, arg, args.seconds)
-                            moved = totals(store, naive, shard, raw.name)[mode] - before
+                            spec = runs[mode]
+                            before = spec.read()
+                            phase = crew.run(spec.setup, spec.arg, args.seconds)
+                            moved = spec.read() - before
                             cell.phases.append(phase)
                             cell.exact = cell.exact and moved == phase.ops
-        console.print(results_table(cells, args.writer_counts, args.repeat))
+                            if mode == "buffered":
+                                cell.writes.append(collect_store_writes(reports))
+        console.print(results_table(cells, args.writer_counts, modes, args.repeat))
+        if "buffered" in modes:
+            console.print(store_writes_table(cells, args.writer_counts, args.interval))
+            console.print(targets_summary(cells, args.writer_counts, modes))
     if all(cell.exact for cell in cells.values()):
         return 0
     console.print("[red]a total differed from the acknowledged writes[/]")
     return 1
 
 
-def results_table(cells: dict[tuple[int, str], Cell], counts: list[int], repeat: int) -> Table:
+def forget_redis_keys(client: Any, namespace: str, *keys: str) -> None:
+    """Delete this run's Redis keys: the kit's namespace (buffered counters' sums and
+    generation pointer, flush claims, the sharded counter's ticket) and ``keys``."""
+    doomed = [*keys, *client.scan_iter(match=f"{namespace}*", count=1000)]
+    for start in range(0, len(doomed), 500):
+        client.delete(*doomed[start : start + 500])
+
+
+def _ratio(cells: dict[tuple[int, str], Cell], writers: int, mode: str, base: str) -> str:
+    if (writers, base) not in cells:
+        return "-"
+    return f"{cells[writers, mode].rate / cells[writers, base].rate:.2f}x"
+
+
+def results_table(
+    cells: dict[tuple[int, str], Cell], counts: list[int], modes: list[str], repeat: int
+) -> Table:
     table = Table(title="One hot counter: acknowledged increments per second")
-    for column in ("writers", "mode", "ops/s", "vs naive", "vs upsert", "exact"):
+    bases = [m for m in ("naive", "upsert", "redis-incr") if m in modes]
+    columns = ["writers", "mode", "ops/s", *(f"vs {b}" for b in bases), "store writes/s"]
+    for column in [*columns, "exact"]:
         table.add_column(column, justify="left" if column == "mode" else "right")
     if repeat > 1:
         table.add_column("runs (ops/s)", justify="left")
     for writers in counts:
-        base, upsert = cells[writers, "naive"].rate, cells[writers, "upsert"].rate
-        for mode in MODES:
+        for mode in modes:
             cell = cells[writers, mode]
+            if mode == "buffered":
+                writes = f"{cell.write_rate:,.1f}"
+            elif mode == "redis-incr":
+                writes = "0"
+            else:  # every acknowledged increment is one store write
+                writes = f"{cell.rate:,.0f}"
             row = [
                 str(writers),
                 mode,
                 f"{cell.rate:,.0f}",
-                f"{cell.rate / base:.2f}x",
-                f"{cell.rate / upsert:.2f}x",
+                *(_ratio(cells, writers, mode, b) for b in bases),
+                writes,
                 "[green]✓[/]" if cell.exact else "[red]✗[/]",
             ]
             if repeat > 1:
                 row.append(" ".join(f"{p.rate:,.0f}" for p in cell.phases))
-            table.add_row(*row, end_section=mode == MODES[-1])
+            table.add_row(*row, end_section=mode == modes[-1])
     return table
+
+
+def store_writes_table(
+    cells: dict[tuple[int, str], Cell], counts: list[int], interval: float
+) -> Table:
+    """What the buffered counter's store writes were, summed over a cell's runs."""
+    table = Table(
+        title=f"Buffered counter ({interval:g} s interval): store writes by the writers' kits"
+    )
+    columns = ("writers", "seconds", "advanced", "lost CAS", "new generations", "writes/s")
+    for column in columns:
+        table.add_column(column, justify="right")
+    for writers in counts:
+        cell = cells[writers, "buffered"]
+        seconds = sum(statistics.fmean(p.elapsed) for p in cell.phases)
+        total = {what: sum(w[what] for w in cell.writes) for what in STORE_WRITES}
+        table.add_row(
+            str(writers),
+            f"{seconds:.1f}",
+            *(f"{total[what]:,}" for what in STORE_WRITES),
+            f"{cell.write_rate:,.1f}",
+        )
+    return table
+
+
+def targets_summary(cells: dict[tuple[int, str], Cell], counts: list[int], modes: list[str]) -> str:
+    """The buffered counter against its targets, at 16 writers (or the most run)."""
+    writers = TARGET_WRITERS if TARGET_WRITERS in counts else max(counts)
+    parts = []
+    for base, target in TARGETS:
+        if base not in modes:
+            continue
+        ratio = cells[writers, "buffered"].rate / cells[writers, base].rate
+        mark = "[green]✓[/]" if ratio >= target else "[red]✗[/]"
+        parts.append(f"buffered ÷ {base} {ratio:.2f}x (target ≥ {target:g}x) {mark}")
+    if not parts:
+        return "targets: run naive and/or redis-incr alongside buffered to compare"
+    note = "" if writers == TARGET_WRITERS else f" (targets are for {TARGET_WRITERS} writers)"
+    return f"targets at {writers} writers{note}: " + "; ".join(parts)
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ class BufferedCounter:
         self._settings = settings
         self._executor = executor
         self._pointer_key = settings.cache_key(self.name, "buffered:generation")
-        self._generation: int | None = None
+        self._writing: tuple[int, tuple[str, str]] | None = None  # generation, its keys
         self._scheduled: tuple[int, int] | None = None  # (pid, interval number)
 
     def __repr__(self) -> str:
@@ -102,13 +102,13 @@ class BufferedCounter:
             raise InvalidDelta(f"delta {delta} is outside ±(2**63 - 1)")
         side = 0 if delta > 0 else 1
         cache = self._settings.cache
-        generation = self._generation
+        writing = self._writing
         for _ in range(_ATTEMPTS):
-            if generation is None:
-                generation = self._adopt(dead=None)
-            if cache.incr(self._keys(generation)[side], abs(delta)) is not None:
+            if writing is None:
+                writing = self._adopt(dead=None)
+            if cache.incr(writing[1][side], abs(delta)) is not None:
                 break
-            generation = self._adopt(dead=generation)
+            writing = self._adopt(dead=writing[0])
         else:
             raise BackendError(f"cache {cache.url} kept losing counter {self.name!r}'s keys")
         self._schedule()
@@ -117,15 +117,16 @@ class BufferedCounter:
         """Subtract ``delta``; the same contract as ``incr``."""
         self.incr(-check_delta(delta))
 
-    def _adopt(self, dead: int | None) -> int:
-        """The generation to write to, now that ``dead`` (if any) has lost its keys: the
-        one the cache points at, unless that is ``dead`` or absent; then a new one."""
+    def _adopt(self, dead: int | None) -> tuple[int, tuple[str, str]]:
+        """The generation to write to (and its keys), now that ``dead`` (if any) has lost
+        its keys: the one the cache points at, unless that is ``dead`` or absent; then a
+        new one."""
         cache = self._settings.cache
         pointer = cache.get(self._pointer_key)
         if pointer is None or pointer == dead:
             pointer = self._start_generation(replacing=pointer)
-        self._generation = pointer
-        return pointer
+        self._writing = (pointer, self._keys(pointer))
+        return self._writing
 
     def _start_generation(self, replacing: int | None) -> int:
         settings = self._settings
