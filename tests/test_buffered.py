@@ -190,3 +190,16 @@ def _poll(condition: Any, deadline: float = 10.0) -> bool:
             return True
         time.sleep(0.02)
     return condition()  # type: ignore[no-any-return]
+
+
+def test_a_failed_scheduling_never_fails_a_counted_increment(
+    store_url: str, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    kit = Target(store_url, "memory://").connect()
+    hits = kit.buffered(name, interval=NEVER)
+    kit.executor.close()  # submissions now fail
+    hits.incr(2)
+    assert "could not schedule a flush" in caplog.text
+    assert hits.parts() == Parts(0, 2)
+    assert hits.flush() == 2
+    kit.close()

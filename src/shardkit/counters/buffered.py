@@ -26,8 +26,8 @@ import time
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from shardkit.counters.base import CounterSettings
-from shardkit.errors import BackendError, InvalidDelta
+from shardkit.counters.base import CounterSettings, log
+from shardkit.errors import BackendError, InvalidDelta, ShardkitError
 from shardkit.executor.base import Executor
 from shardkit.store.base import CounterInfo, Flushed
 from shardkit.validation import INT64_MAX, check_delta, check_interval
@@ -152,22 +152,21 @@ class BufferedCounter:
             return
         self._scheduled = (os.getpid(), number)
         delay = (number + 1) * self.interval - now
-
-        def submit() -> None:
-            try:
-                self._executor.submit(
-                    "flush",
-                    {"name": self.name},
-                    delay=delay,
-                    dedupe=f"flush:{self.name}:{number}",
-                    window=self.interval,
-                )
-            except BaseException:
-                self._scheduled = None  # the next increment tries again
-                raise
-
-        # The increment has counted: failing the call now would invite a doubled retry.
-        self._settings.best_effort("scheduling a flush", submit)
+        try:
+            self._executor.submit(
+                "flush",
+                {"name": self.name},
+                delay=delay,
+                dedupe=f"flush:{self.name}:{number}",
+                window=self.interval,
+            )
+        except ShardkitError as exc:
+            # The increment has counted: failing the call now would invite a doubled
+            # retry. The next increment tries again.
+            self._scheduled = None
+            log.warning(
+                "%s could not schedule a flush of %r: %s", self._executor.url, self.name, exc
+            )
 
     # -- flushes -----------------------------------------------------------------------
 
