@@ -68,6 +68,8 @@ class LocalExecutor:
     ) -> bool:
         if task not in self._tasks:
             raise ConfigurationError(f"no task named {task!r} is bound to {self.url}")
+        if self._closed:  # checked before claiming: a claim must be followed by a run
+            raise ConfigurationError(f"{self.url} is closed")
         if dedupe is not None:
             if self._marks is None:
                 raise ConfigurationError(f"{self.url} is bound to no kit")
