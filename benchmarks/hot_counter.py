@@ -308,7 +308,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    console = Console()
+    # Wide enough for the table when the output is not a terminal (a log file, a pipe).
+    console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120)
     tag = uuid.uuid4().hex[:8]
     prefix = f"skbench{tag}_"
     modes: list[str] = args.modes
@@ -411,6 +412,12 @@ def main(argv: list[str] | None = None) -> int:
         if "buffered" in modes:
             console.print(store_writes_table(cells, args.writer_counts, args.interval))
             console.print(targets_summary(cells, args.writer_counts, modes))
+            if kit.cache.url == "memory://":
+                console.print(
+                    "[dim]memory:// is a cache per process: each buffered writer counts in "
+                    "its own dict and flushes its own generation, so its ops/s is no "
+                    "cross-process figure; use a Redis --cache for that.[/]"
+                )
     if all(cell.exact for cell in cells.values()):
         return 0
     console.print("[red]a total differed from the acknowledged writes[/]")
