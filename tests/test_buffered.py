@@ -13,6 +13,8 @@ from conftest import CACHE_URLS, Target, require, run_together
 from shardkit.counters.buffered import Parts
 from shardkit.errors import CounterKindMismatch, InvalidDelta, ValidationError
 from shardkit.executor import LocalExecutor
+from shardkit.store import Flushed
+from shardkit.store.base import RETIRED
 
 NEVER = 3600.0  # an interval whose scheduled flush does not come due during a test
 
@@ -203,3 +205,29 @@ def test_a_failed_scheduling_never_fails_a_counted_increment(
     assert hits.parts() == Parts(0, 2)
     assert hits.flush() == 2
     kit.close()
+
+
+def test_a_private_cache_leaves_no_generation_rows_behind(store_url: str, name: str) -> None:
+    target = Target(store_url, "memory://")
+    for delta in (3, 4):  # each kit (process) has its own memory cache and generation
+        with target.connect() as kit:
+            kit.buffered(name, interval=NEVER).incr(delta)
+    with target.connect() as kit:
+        assert kit.store.generations([name]) == {name: {RETIRED: Flushed(7, 0)}}
+        assert kit.store.total(name) == 7
+        assert kit.buffered(name).parts() == Parts(7, 0)
+
+
+def test_racing_first_writers_share_one_generation(
+    store_url: str, shared_cache_url: str, name: str
+) -> None:
+    target = Target(store_url, shared_cache_url)
+    kits = [target.connect() for _ in range(4)]
+    try:
+        run_together(4, lambda index: kits[index].buffered(name, interval=NEVER).incr())
+        assert kits[0].buffered(name, interval=NEVER).parts() == Parts(0, 4)
+        live = {kit.buffered(name, interval=NEVER)._writing[0] for kit in kits}  # type: ignore[index]
+        assert len(live) == 1
+    finally:
+        for kit in kits:
+            kit.close()

@@ -99,3 +99,16 @@ def test_concurrent_adds_have_one_winner(cache: Cache, key: str) -> None:
     run_together(8, work)
     assert len(winners) == 1
     assert cache.get(key) == winners[0]
+
+
+def test_bump_creates_an_absent_key_at_zero(cache: Cache, key: str) -> None:
+    assert cache.bump(key, 5) == 5
+    assert cache.bump(key, -7) == -2
+    cache.add(f"{key}:big", 2**62, None)
+    assert cache.bump(f"{key}:big", 3) == 2**62 + 3
+    assert cache.get_many([key, f"{key}:big"]) == {key: -2, f"{key}:big": 2**62 + 3}
+
+
+def test_concurrent_bumps_of_an_absent_key_are_exact(cache: Cache, key: str) -> None:
+    run_together(8, lambda _: [cache.bump(key, 2) for _ in range(100)])
+    assert cache.get(key) == 8 * 100 * 2

@@ -10,6 +10,7 @@ import pytest
 from conftest import run_together
 from shardkit.errors import BackendError, CounterKindMismatch
 from shardkit.store import Flushed, Store
+from shardkit.store.base import RETIRED
 from shardkit.validation import INT64_MAX, INT64_MIN
 
 
@@ -159,3 +160,15 @@ def test_concurrent_advances_of_one_generation_have_one_winner(store: Store, nam
     run_together(8, work)
     assert len(winners) == 1
     assert store.generations([name])[name][1] == Flushed(winners[0] + 1, 0)
+
+
+def test_retire_folds_generations_into_one_once(store: Store, name: str) -> None:
+    for generation, sums in ((1, Flushed(50, 8)), (2, Flushed(5, 0))):
+        store.add_generation(name, generation)
+        store.advance(name, generation, Flushed(), sums)
+    assert not store.retire(name, 1, Flushed(50, 7))  # not what is recorded: kept
+    assert store.retire(name, 1, Flushed(50, 8))
+    assert not store.retire(name, 1, Flushed(50, 8))
+    assert store.retire(name, 2, Flushed(5, 0))
+    assert store.generations([name]) == {name: {RETIRED: Flushed(55, 8)}}
+    assert store.total(name) == 47

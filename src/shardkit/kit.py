@@ -13,6 +13,7 @@ from sqlalchemy.engine import Engine
 
 from shardkit.cache import Cache, open_cache
 from shardkit.counters import BufferedCounter, CounterSettings, ShardedCounter
+from shardkit.counters.base import log
 from shardkit.counters.buffered import flush_counters
 from shardkit.errors import ConfigurationError, CounterKindMismatch, CounterNotFound, ShardkitError
 from shardkit.executor import Executor, LocalExecutor, Marks
@@ -70,9 +71,19 @@ class Kit:
         self.close()
 
     def close(self) -> None:
-        """Close the executor (a local one first runs the flushes it has waiting), then
-        the connections the kit opened (live engines and clients stay open)."""
+        """Close the executor (a local one first runs the flushes it has waiting); with a
+        private cache, flush the buffered counters and fold their generations into shard
+        rows; then close the connections the kit opened (live engines and clients stay
+        open)."""
         self.executor.close()
+        if not self.cache.shared:
+            with self._lock:
+                buffered = [c for c in self._counters.values() if isinstance(c, BufferedCounter)]
+            for counter in buffered:
+                try:
+                    counter._retire()
+                except ShardkitError as exc:
+                    log.warning("could not retire counter %r at close: %s", counter.name, exc)
         self.store.close()
         self.cache.close()
 

@@ -19,6 +19,9 @@ class Cache(Protocol):
     url: str
     """The cache's URL with any password redacted."""
 
+    shared: bool
+    """Whether other processes see this cache's keys (False for the in-process cache)."""
+
     def get(self, key: str) -> int | None:
         """The value under ``key``, or None if absent."""
 
@@ -33,6 +36,11 @@ class Cache(Protocol):
     def incr(self, key: str, delta: int) -> int | None:
         """Add ``delta`` (may be negative) to ``key`` if present and return the new value;
         an absent key is left absent and None returned. Atomic; keeps the key's TTL."""
+
+    def bump(self, key: str, delta: int) -> int:
+        """Add ``delta`` to ``key``, creating it at 0 (with no TTL) first if absent; return
+        the new value. Atomic; one round trip when the key exists (Redis ``INCRBY``). For
+        callers that can tell a key created by the call from its value."""
 
     def delete(self, key: str) -> None:
         """Remove ``key`` if present."""

@@ -30,6 +30,8 @@ class MemcachedCache:
     server (``add``, ``incr``/``decr``, ``get_multi``). Thread-safe (a pooled client);
     a forked child opens its own sockets when the cache was opened by URL."""
 
+    shared = True
+
     def __init__(self, client: Any, *, url: str = "memcached://", servers: list[str] | None = None):
         self._client = client
         self._servers = servers
@@ -82,6 +84,14 @@ class MemcachedCache:
         method = self._client.incr if delta >= 0 else self._client.decr
         value = self._call("incrementing", method, _encode_key(key), abs(delta), noreply=False)
         return None if value is None else int(value) - _BIAS
+
+    def bump(self, key: str, delta: int) -> int:
+        # memcached's incr never creates a key: on a miss, add it; if another client added
+        # it first, increment theirs.
+        while (value := self.incr(key, delta)) is None:
+            if self.add(key, delta, None):
+                return delta
+        return value
 
     def delete(self, key: str) -> None:
         self._call("deleting", self._client.delete, _encode_key(key), noreply=False)

@@ -18,6 +18,7 @@ class MemoryCache:
     """
 
     url = "memory://"
+    shared = False
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -64,6 +65,13 @@ class MemoryCache:
                 return None
             self._data[key] = (entry[0] + delta, entry[1])
             return entry[0] + delta
+
+    def bump(self, key: str, delta: int) -> int:
+        with self._lock:
+            entry = self._live(key, time.monotonic())
+            value, expires = entry if entry is not None else (0, math.inf)
+            self._data[key] = (value + delta, expires)
+            return value + delta
 
     def delete(self, key: str) -> None:
         with self._lock:

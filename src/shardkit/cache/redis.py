@@ -38,6 +38,8 @@ class RedisCache:
     Thread-safe and fork-safe (redis-py's connection pool reconnects in a child).
     """
 
+    shared = True
+
     def __init__(self, client: Any, *, url: str | None = None, owns_client: bool = False):
         self._client = client
         self._owns_client = owns_client
@@ -93,6 +95,9 @@ class RedisCache:
     def incr(self, key: str, delta: int) -> int | None:
         value = self._call("incrementing", self._incr, keys=[key], args=[delta])
         return None if value is None else int(value)
+
+    def bump(self, key: str, delta: int) -> int:
+        return int(self._call("incrementing", self._client.incrby, key, delta))
 
     def delete(self, key: str) -> None:
         self._call("deleting", self._client.delete, key)

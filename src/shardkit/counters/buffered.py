@@ -12,10 +12,12 @@ leaves the sums in the cache for the next flush to apply. The counter's stored v
 the net of every generation's record; its pending part is what the cache holds beyond.
 
 A generation is a random 63-bit id, recorded in the store *before* its cache keys are
-created. When the cache loses a key (eviction, restart, FLUSHALL) the generation is dead
-and writers start a new one; what was pending in the dead one is what is lost, and only
-that. A generation's keys are never created twice, so a reading can never start again
-from zero below what the store applied.
+created, holding its sums offset by ``_BASE``. An increment is one ``Cache.bump``; a
+result below the offset means the cache had lost the key (and the bump re-created it
+near 0): the generation is dead, that increment did not count, and the writer moves to
+another generation. What was pending in the dead one is what is lost, and only that. A
+reading below the offset is ignored, so a re-created key can never look like a sum
+below what the store applied.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import NamedTuple
 from shardkit.counters.base import CounterSettings, log
 from shardkit.errors import BackendError, InvalidDelta, ShardkitError
 from shardkit.executor.base import Executor
-from shardkit.store.base import CounterInfo, Flushed
+from shardkit.store.base import RETIRED, CounterInfo, Flushed
 from shardkit.validation import INT64_MAX, check_delta, check_interval
 
 # A writer that finds its generation dead adopts or starts another; a cache being wiped
@@ -37,6 +39,9 @@ from shardkit.validation import INT64_MAX, check_delta, check_interval
 _ATTEMPTS = 5
 # How many counters one flush reads from the cache in one round trip.
 _BATCH = 500
+# A generation's keys start here: a cache that lost one and re-created it on an increment
+# shows a value far below. Leaves 2**62 - 1 for each sum (memcached adds its own 2**63).
+_BASE = 2**62
 
 
 class Parts(NamedTuple):
@@ -79,6 +84,7 @@ class BufferedCounter:
         self._executor = executor
         self._pointer_key = settings.cache_key(self.name, "buffered:generation")
         self._writing: tuple[int, tuple[str, str]] | None = None  # generation, its keys
+        self._started: list[int] = []  # generations this object started
         self._scheduled: tuple[int, int] | None = None  # (pid, interval number)
 
     def __repr__(self) -> str:
@@ -106,7 +112,7 @@ class BufferedCounter:
         for _ in range(_ATTEMPTS):
             if writing is None:
                 writing = self._adopt(dead=None)
-            if cache.incr(writing[1][side], abs(delta)) is not None:
+            if cache.bump(writing[1][side], abs(delta)) - abs(delta) >= _BASE:
                 break
             writing = self._adopt(dead=writing[0])
         else:
@@ -129,19 +135,29 @@ class BufferedCounter:
         return self._writing
 
     def _start_generation(self, replacing: int | None) -> int:
-        settings = self._settings
+        store, cache = self._settings.store, self._settings.cache
         generation = random.randrange(1, 2**63)
         # Recorded first: a flush only reads generations the store knows, so the keys
         # must not take increments before the record exists.
-        settings.store.add_generation(self.name, generation)
-        for key in self._keys(generation):
-            settings.cache.add(key, 0, None)
+        store.add_generation(self.name, generation)
+        keys = self._keys(generation)
+        for key in keys:
+            cache.add(key, _BASE, None)
         if replacing is not None:
-            settings.cache.delete(self._pointer_key)
-        # Losing this race is harmless: every recorded generation is flushed, so writers
-        # may use ours or the winner's.
-        settings.cache.add(self._pointer_key, generation, None)
-        return generation
+            cache.delete(self._pointer_key)
+        if cache.add(self._pointer_key, generation, None):
+            self._started.append(generation)
+            return generation
+        # Another writer started one first. Nobody else knows ours, so it took nothing:
+        # drop its keys and write into the winner's. (Racing replacers may still leave two
+        # live generations; both are flushed, so that costs only a row.)
+        winner = cache.get(self._pointer_key)
+        if winner is None:
+            self._started.append(generation)
+            return generation
+        for key in keys:
+            cache.delete(key)
+        return winner
 
     def _schedule(self) -> None:
         """Submit this interval's flush, once per process (and, through the executor's
@@ -177,6 +193,23 @@ class BufferedCounter:
         """
         return flush_counters(self._settings, [self.name]).get(self.name, 0)
 
+    def _retire(self) -> None:
+        """Flush, then fold the generations this object started into the store's
+        ``RETIRED`` generation, so that a private (per-process) cache does not leave a
+        generation row per process behind. Only for a cache nobody else writes to, once
+        nothing else in the process flushes: ``Kit.close()`` calls it after closing the
+        executor."""
+        settings = self._settings
+        flush_counters(settings, [self.name])
+        recorded = settings.store.generations([self.name]).get(self.name, {})
+        for generation in self._started:
+            if generation in recorded:
+                settings.store.retire(self.name, generation, recorded[generation])
+            for key in self._keys(generation):
+                settings.cache.delete(key)
+        self._started.clear()
+        self._writing = None
+
     # -- reads -------------------------------------------------------------------------
 
     def parts(self) -> Parts:
@@ -184,12 +217,13 @@ class BufferedCounter:
         (in that order, so a flush between the two is never counted twice)."""
         settings = self._settings
         generations = settings.store.generations([self.name]).get(self.name, {})
-        keys = {generation: self._keys(generation) for generation in generations}
+        keys = {g: self._keys(g) for g in generations if g != RETIRED}
         live = settings.cache.get_many([key for pair in keys.values() for key in pair])
         stored = pending = 0
         for generation, applied in generations.items():
             stored += applied.net
-            pending += _reading(applied, keys[generation], live).net - applied.net
+            if generation in keys:
+                pending += _reading(applied, keys[generation], live).net - applied.net
         return Parts(stored, pending)
 
     def value(self) -> int:
@@ -206,9 +240,9 @@ def _keys(settings: CounterSettings, name: str, generation: int) -> tuple[str, s
 
 def _reading(applied: Flushed, keys: tuple[str, str], live: dict[str, int]) -> Flushed:
     """A generation's sums as read from the cache, never below what the store applied
-    (an absent key — a dead generation — reads as what was applied)."""
-    up, down = keys
-    return Flushed(max(applied.up, live.get(up, 0)), max(applied.down, live.get(down, 0)))
+    (an absent or re-created key — a dead generation — reads as what was applied)."""
+    up, down = (live.get(key, 0) - _BASE for key in keys)
+    return Flushed(max(applied.up, up), max(applied.down, down))
 
 
 def flush_counters(settings: CounterSettings, names: Iterable[str]) -> dict[str, int]:
@@ -227,6 +261,7 @@ def flush_counters(settings: CounterSettings, names: Iterable[str]) -> dict[str,
             (name, generation): _keys(settings, name, generation)
             for name, generations in recorded.items()
             for generation in generations
+            if generation != RETIRED
         }
         live = cache.get_many([key for pair in keys.values() for key in pair])
         for (name, generation), pair in keys.items():

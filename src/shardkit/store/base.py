@@ -17,6 +17,10 @@ class CounterInfo:
     shards: int
 
 
+RETIRED = 0
+"""The generation that accumulates a counter's retired generations (no cache keys)."""
+
+
 @dataclass(frozen=True)
 class Flushed:
     """How much of one cache generation of a buffered counter the store has applied: the
@@ -82,6 +86,11 @@ class Store(Protocol):
     def advance(self, name: str, generation: int, seen: Flushed, to: Flushed) -> bool:
         """Compare-and-set one generation's applied sums: from ``seen`` to ``to``, only if
         they still are ``seen``. One atomic statement; returns whether it set them."""
+
+    def retire(self, name: str, generation: int, applied: Flushed) -> bool:
+        """Fold a generation nobody will flush again into generation ``RETIRED``: delete its
+        record, if it still is ``applied``, and add its sums to ``RETIRED``'s, in one
+        transaction (the value is unchanged). Returns whether it did."""
 
     def purge_keys(self, older_than: float) -> int:
         """Delete idempotency keys recorded before the epoch time ``older_than``; return how

@@ -31,7 +31,7 @@ from shardkit.errors import (
     CounterKindMismatch,
     MissingDriver,
 )
-from shardkit.store.base import CounterInfo, Flushed
+from shardkit.store.base import RETIRED, CounterInfo, Flushed
 from shardkit.validation import MAX_NAME_LENGTH
 
 _T = TypeVar("_T")
@@ -100,24 +100,21 @@ class _Dialect:
         statement = module.insert(table).on_conflict_do_nothing().returning(sa.literal(1))
         return conn.execute(statement, row).first() is not None
 
-    def upsert_add(self, shards: sa.Table) -> sa.Insert:
-        """INSERT a shard row, or add to the existing row's value, in one statement."""
-        values: dict[str, Any] = {
-            "name": sa.bindparam("p_name"),
-            "shard": sa.bindparam("p_shard"),
-            "value": sa.bindparam("p_delta"),
-        }
+    def upsert_add(self, table: sa.Table, sums: tuple[str, ...]) -> sa.Insert:
+        """INSERT a row, or add its ``sums`` columns to the existing row's, in one
+        statement. Every column's value is the bind parameter ``p_<column>``."""
+        values: dict[str, Any] = {c.name: sa.bindparam(f"p_{c.name}") for c in table.columns}
         if self.is_mysql:
-            my = mysql.insert(shards).values(values)
-            upsert: sa.Insert = my.on_duplicate_key_update(value=shards.c.value + my.inserted.value)
-        else:
-            module = postgresql if self.name == "postgresql" else sqlite
-            ins = module.insert(shards).values(values)
-            upsert = ins.on_conflict_do_update(
-                index_elements=[shards.c.name, shards.c.shard],
-                set_={"value": shards.c.value + ins.excluded.value},
+            my = mysql.insert(table).values(values)
+            return my.on_duplicate_key_update(
+                {name: table.c[name] + my.inserted[name] for name in sums}
             )
-        return upsert
+        module = postgresql if self.name == "postgresql" else sqlite
+        ins = module.insert(table).values(values)
+        return ins.on_conflict_do_update(
+            index_elements=list(table.primary_key.columns),
+            set_={name: table.c[name] + ins.excluded[name] for name in sums},
+        )
 
 
 class _Compiled:
@@ -230,7 +227,8 @@ class SqlStore:
             sa.Column("created_at", sa.Double, nullable=False),
         )
         self.metadata = metadata
-        self._upsert_add = self._dialect.upsert_add(self.shards_table)
+        self._upsert_add = self._dialect.upsert_add(self.shards_table, ("value",))
+        self._fold = self._dialect.upsert_add(self.flushed_table, ("up", "down"))
         self._fast_add = _Compiled(self._upsert_add, engine.dialect)
         pool = engine.pool
         self._max_held = pool.size() - 1 if isinstance(pool, QueuePool) else 0
@@ -338,7 +336,7 @@ class SqlStore:
     # -- writes ------------------------------------------------------------------------
 
     def add(self, name: str, shard: int, delta: int, key: str | None = None) -> bool:
-        params = {"p_name": name, "p_shard": shard, "p_delta": delta}
+        params = {"p_name": name, "p_shard": shard, "p_value": delta}
         if key is None:
             self._fast(params)
             return True
@@ -458,6 +456,30 @@ class SqlStore:
         return self._in_transaction(
             f"flushing counter {name!r}", lambda conn: conn.execute(statement).rowcount == 1
         )
+
+    def retire(self, name: str, generation: int, applied: Flushed) -> bool:
+        table = self.flushed_table
+        statement = sa.delete(table).where(
+            table.c.name == name,
+            table.c.generation == generation,
+            table.c.up == applied.up,
+            table.c.down == applied.down,
+        )
+        folded = {
+            "p_name": name,
+            "p_generation": RETIRED,
+            "p_up": applied.up,
+            "p_down": applied.down,
+            "p_created_at": time.time(),
+        }
+
+        def work(conn: Connection) -> bool:
+            if conn.execute(statement).rowcount != 1:
+                return False
+            conn.execute(self._fold, folded)
+            return True
+
+        return self._in_transaction(f"retiring a generation of counter {name!r}", work)
 
     # -- maintenance -------------------------------------------------------------------
 
