@@ -106,9 +106,10 @@ class _Dialect:
         values: dict[str, Any] = {c.name: sa.bindparam(f"p_{c.name}") for c in table.columns}
         if self.is_mysql:
             my = mysql.insert(table).values(values)
-            return my.on_duplicate_key_update(
+            upsert: sa.Insert = my.on_duplicate_key_update(
                 {name: table.c[name] + my.inserted[name] for name in sums}
             )
+            return upsert
         module = postgresql if self.name == "postgresql" else sqlite
         ins = module.insert(table).values(values)
         return ins.on_conflict_do_update(
