@@ -104,18 +104,20 @@ class _Dialect:
         """INSERT a row, or add its ``sums`` columns to the existing row's, in one
         statement. Every column's value is the bind parameter ``p_<column>``."""
         values: dict[str, Any] = {c.name: sa.bindparam(f"p_{c.name}") for c in table.columns}
+        upsert: sa.Insert
         if self.is_mysql:
             my = mysql.insert(table).values(values)
-            upsert: sa.Insert = my.on_duplicate_key_update(
+            upsert = my.on_duplicate_key_update(
                 {name: table.c[name] + my.inserted[name] for name in sums}
             )
-            return upsert
-        module = postgresql if self.name == "postgresql" else sqlite
-        ins = module.insert(table).values(values)
-        return ins.on_conflict_do_update(
-            index_elements=list(table.primary_key.columns),
-            set_={name: table.c[name] + ins.excluded[name] for name in sums},
-        )
+        else:
+            module = postgresql if self.name == "postgresql" else sqlite
+            ins = module.insert(table).values(values)
+            upsert = ins.on_conflict_do_update(
+                index_elements=list(table.primary_key.columns),
+                set_={name: table.c[name] + ins.excluded[name] for name in sums},
+            )
+        return upsert
 
 
 class _Compiled:
