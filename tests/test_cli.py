@@ -98,13 +98,13 @@ def test_purge_keys(run, name: str) -> None:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.slow
-def test_demo_races_naive_and_sharded_and_checks_the_totals() -> None:
+def test_demo_races_naive_sharded_and_buffered_and_checks_the_totals() -> None:
     result = CliRunner().invoke(main, ["demo", "--writers", "2", "--seconds", "0.5"])
     assert result.exit_code == 0, result.stderr
-    assert "naive" in result.stdout
-    assert "sharded" in result.stdout
+    for mode in ("naive", "sharded", "buffer"):
+        assert f"│ {mode}" in result.stdout
     assert "✗" not in result.stdout
-    assert result.stdout.count("✓") == 2
+    assert result.stdout.count("✓") == 3
 
 
 @pytest.fixture
