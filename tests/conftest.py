@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -78,6 +79,21 @@ def run_together(count: int, work: Callable[[int], object]) -> None:
         thread.join()
     if errors:
         raise errors[0]
+
+
+def wait_for(
+    condition: Callable[[], bool],
+    what: str,
+    timeout: float = 30.0,
+    status: Callable[[], object] = lambda: "",
+) -> None:
+    """Poll ``condition`` until it holds; fail the test after ``timeout`` seconds, naming
+    ``what`` it waited for and ``status()``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} {status()}")
+        time.sleep(0.005)
 
 
 def require(url: str) -> None:

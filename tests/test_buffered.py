@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
 import shardkit
-from conftest import CACHE_URLS, Target, require, run_together
+from conftest import CACHE_URLS, Target, require, run_together, wait_for
 from shardkit.counters.buffered import Parts
 from shardkit.errors import CounterKindMismatch, InvalidDelta, ValidationError
 from shardkit.executor import LocalExecutor
-from shardkit.store import Flushed
-from shardkit.store.base import RETIRED
 
 NEVER = 3600.0  # an interval whose scheduled flush does not come due during a test
 
@@ -153,8 +150,7 @@ def test_one_flush_is_scheduled_per_interval(store_url: str, cache_url: str, nam
 def test_the_scheduled_flush_runs_when_its_interval_ends(kit: shardkit.Kit, name: str) -> None:
     hits = kit.buffered(name, interval=0.2)
     hits.incr(3)
-    waited = _poll(lambda: hits.parts().stored == 3)
-    assert waited, "the scheduled flush never ran"
+    wait_for(lambda: hits.parts().stored == 3, "the scheduled flush", 10)
     assert hits.parts() == Parts(3, 0)
 
 
@@ -183,51 +179,3 @@ def test_concurrent_writers_and_flushes_are_exact(kit: shardkit.Kit, name: str) 
     expected = sum(66 * (index + 1) - 34 for index in range(6))
     assert hits.parts() == Parts(expected, 0)
     assert sum(moved) == expected
-
-
-def _poll(condition: Any, deadline: float = 10.0) -> bool:
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()  # type: ignore[no-any-return]
-
-
-def test_a_failed_scheduling_never_fails_a_counted_increment(
-    store_url: str, name: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    kit = Target(store_url, "memory://").connect()
-    hits = kit.buffered(name, interval=NEVER)
-    kit.executor.close()  # submissions now fail
-    hits.incr(2)
-    assert "could not schedule a flush" in caplog.text
-    assert hits.parts() == Parts(0, 2)
-    assert hits.flush() == 2
-    kit.close()
-
-
-def test_a_private_cache_leaves_no_generation_rows_behind(store_url: str, name: str) -> None:
-    target = Target(store_url, "memory://")
-    for delta in (3, 4):  # each kit (process) has its own memory cache and generation
-        with target.connect() as kit:
-            kit.buffered(name, interval=NEVER).incr(delta)
-    with target.connect() as kit:
-        assert kit.store.generations([name]) == {name: {RETIRED: Flushed(7, 0)}}
-        assert kit.store.total(name) == 7
-        assert kit.buffered(name).parts() == Parts(7, 0)
-
-
-def test_racing_first_writers_share_one_generation(
-    store_url: str, shared_cache_url: str, name: str
-) -> None:
-    target = Target(store_url, shared_cache_url)
-    kits = [target.connect() for _ in range(4)]
-    try:
-        run_together(4, lambda index: kits[index].buffered(name, interval=NEVER).incr())
-        assert kits[0].buffered(name, interval=NEVER).parts() == Parts(0, 4)
-        live = {kit.buffered(name, interval=NEVER)._writing[0] for kit in kits}  # type: ignore[index]
-        assert len(live) == 1
-    finally:
-        for kit in kits:
-            kit.close()

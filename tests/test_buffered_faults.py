@@ -22,7 +22,7 @@ import redis
 
 import buffered_workers as bw
 import shardkit
-from conftest import PREFIX, require, store_url_for
+from conftest import PREFIX, require, store_url_for, wait_for
 from shardkit.counters.buffered import Parts
 
 FORK = multiprocessing.get_context("fork")
@@ -35,20 +35,6 @@ def where(sqlite_url: str) -> bw.Where:
     """Redis (database 11) and PostgreSQL, under the session's table prefix."""
     require(REDIS)
     return (store_url_for("postgres", sqlite_url), REDIS, PREFIX)
-
-
-def _wait_for(
-    condition: Callable[[], bool],
-    what: str,
-    timeout: float = DEADLINE,
-    status: Callable[[], object] = lambda: "",
-) -> None:
-    """Poll ``condition`` until it holds; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} {status()}")
-        time.sleep(0.005)
 
 
 @contextmanager
@@ -142,7 +128,7 @@ def test_flushes_killed_at_every_crash_point_never_lose_or_double(
         counter = kit.buffered(name, interval=bw.NEVER)
         with _processes(bw.writer, writers.args) as procs:
             writers.start.set()
-            _wait_for(lambda: _alive(procs, writers.queue) and min(writers.done) > 0, "writes")
+            wait_for(lambda: _alive(procs, writers.queue) and min(writers.done) > 0, "writes")
             expected_stored = 0  # what the flushers reported moving, so far
             for index in range(FLUSHERS):
                 assert _alive(procs, writers.queue)
@@ -216,7 +202,7 @@ def test_a_wiped_cache_loses_at_most_what_was_pending(where: bw.Where, name: str
                 # Scheduled flushes have run twice: writes and flushes are in full swing.
                 for what in ("a scheduled flush", "a second scheduled flush"):
                     floor = counter.parts().stored
-                    _wait_for(
+                    wait_for(
                         lambda floor=floor: (  # type: ignore[misc]
                             _alive(procs, writers.queue) and counter.parts().stored > floor
                         ),
@@ -234,7 +220,7 @@ def test_a_wiped_cache_loses_at_most_what_was_pending(where: bw.Where, name: str
                 # The counter keeps working: new increments are flushed, twice.
                 for what in ("a flush after the wipe", "a second flush after the wipe"):
                     floor = counter.parts().stored
-                    _wait_for(
+                    wait_for(
                         lambda floor=floor: (  # type: ignore[misc]
                             _alive(procs, writers.queue) and counter.parts().stored > floor
                         ),
@@ -300,7 +286,7 @@ def test_concurrent_flushes_never_apply_a_count_twice(where: bw.Where, name: str
             for thread in threads:
                 thread.start()
             try:
-                _wait_for(
+                wait_for(
                     lambda: (
                         _alive(procs, queue)
                         and sum(calls) >= FLUSH_CALLS

@@ -5,13 +5,13 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
+import threading
 
 import pytest
 from click.testing import CliRunner
 
 import shardkit
-from conftest import CACHE_URLS, PREFIX, require
+from conftest import CACHE_URLS, PREFIX, require, wait_for
 from shardkit.cli import main
 
 
@@ -190,15 +190,23 @@ def test_worker_flushes_in_the_foreground_until_interrupted(sqlite_url: str, nam
         hits = kit.buffered(name, interval=3600)
         hits.incr(6)
         worker = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        lines: list[str] = []
+
+        def read() -> None:
+            assert worker.stdout is not None
+            for line in worker.stdout:
+                lines.append(line)
+
+        reader = threading.Thread(target=read)
+        reader.start()
         try:
-            deadline = time.monotonic() + 20
-            while hits.parts().stored != 6:
-                assert time.monotonic() < deadline, "the worker never flushed"
-                time.sleep(0.05)
+            # Its round reports what it moved once every counter in the store is flushed.
+            wait_for(lambda: any(f"{name} +6" in line for line in lines), "the worker's report")
+            assert hits.parts() == (6, 0)
             worker.send_signal(signal.SIGINT)
-            out, _ = worker.communicate(timeout=10)
+            assert worker.wait(timeout=10) == 0
         finally:
             worker.kill()
-    assert worker.returncode == 0
-    assert f"{name} +6" in out
-    assert out.rstrip().endswith("stopped")
+            reader.join(timeout=10)
+            worker.stdout.close()  # type: ignore[union-attr]
+    assert lines[-1] == "stopped\n"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import random
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 import sqlalchemy as sa
 
 import workers
-from conftest import CACHE_URLS, Target, require, store_url_for
+from conftest import CACHE_URLS, Target, require, store_url_for, wait_for
 
 SPAWN = multiprocessing.get_context("spawn")
 DEADLINE = 90.0  # seconds: a generous bound for anything a test waits for
@@ -28,20 +27,6 @@ DEADLINE = 90.0  # seconds: a generous bound for anything a test waits for
 
 def _where(target: Target) -> workers.Where:
     return (target.store_url, target.cache_url, target.prefix)
-
-
-def _wait_for(
-    condition: Callable[[], bool],
-    what: str,
-    timeout: float = DEADLINE,
-    status: Callable[[], object] = lambda: "",
-) -> None:
-    """Poll ``condition`` until it holds; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} {status()}")
-        time.sleep(0.005)
 
 
 @contextmanager
@@ -127,11 +112,12 @@ def test_many_writers_exact_total_while_shard_count_grows(
         with _processes(workers.random_writer, args) as procs:
             start.set()
             for share, shards in GROWTH:
-                _wait_for(
+                wait_for(
                     lambda share=share: (  # type: ignore[misc]
                         _none_exited(procs, queue) and sum(progress) >= share * planned
                     ),
                     f"{share:.0%} of the increments",
+                    DEADLINE,
                     status=lambda: f"(done: {list(progress)})",
                 )
                 assert counter.grow(shards) == shards
@@ -273,7 +259,7 @@ def test_killed_writers_lose_at_most_their_in_flight_increment(
                         assert procs[slot].is_alive(), f"writer {slot} died on its own"
                 return not alive
 
-            _wait_for(kill_due, "every writer to be killed")
+            wait_for(kill_due, "every writer to be killed", DEADLINE)
             for proc in procs:
                 proc.join(DEADLINE)
                 assert proc.exitcode == -9  # SIGKILL, not an exit of its own
@@ -296,7 +282,7 @@ def test_killed_writers_lose_at_most_their_in_flight_increment(
                 int(line.split()[1]) for log in lines for line in log if line.startswith("conn ")
             ]
             assert ids
-            _wait_for(lambda: not _server_ids_alive(engine, ids), "the killed connections")
+            wait_for(lambda: not _server_ids_alive(engine, ids), "the killed connections", DEADLINE)
 
         value = counter.value(fresh=True)
         possible = {
