@@ -51,6 +51,7 @@ class CeleryExecutor:
                 acks_late=True,
                 reject_on_worker_lost=True,
                 ignore_result=True,
+                shared=False,  # registered on this app only
             )
 
     def _runner(self, name: str) -> Any:
