@@ -415,13 +415,11 @@ def test_unknown_tasks_and_an_unreachable_broker(
     try:
         with pytest.raises(shardkit.ConfigurationError, match="no task named 'nope'"):
             executor.submit("nope", {})
-        started = time.monotonic()
-        with pytest.raises(shardkit.BackendError) as error:
-            executor.submit("flush_all", {})
-        took = time.monotonic() - started
-        assert "s3cret" not in str(error.value)
-        assert "could not submit 'flush_all'" in str(error.value)
-        assert took < 5, f"an unreachable broker took {took:.1f} s to report"
+        for _ in range(2):  # a failed submission drops its claim: the next one tries again
+            with pytest.raises(shardkit.BackendError) as error:
+                executor.submit("flush_all", {}, dedupe=f"{name}:all")
+            assert "s3cret" not in str(error.value)
+            assert "could not submit 'flush_all'" in str(error.value)
 
         # An increment counts though its flush cannot be scheduled (logged, no password).
         counter = kit.buffered(name, interval=60)

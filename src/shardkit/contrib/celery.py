@@ -84,6 +84,8 @@ class CeleryExecutor:
                 queue=self.queue,
             )
         except Exception as exc:  # kombu's and the transports' errors share no base
+            if dedupe is not None:
+                self._marks.release(dedupe)
             password = urlsplit(str(self.app.conf.broker_url or "")).password
             detail = _urls.scrub(f"{type(exc).__name__}: {exc}", password)
             raise BackendError(f"{self.url} could not submit {task!r}: {detail}") from exc

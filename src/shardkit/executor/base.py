@@ -32,6 +32,10 @@ class Marks:
         Atomic across every process sharing the cache."""
         return self.cache.add(self._prefix + name, 1, ttl)
 
+    def release(self, name: str) -> None:
+        """Drop a claim whose submission failed, so that the next one may run."""
+        self.cache.delete(self._prefix + name)
+
 
 @runtime_checkable
 class Executor(Protocol):
