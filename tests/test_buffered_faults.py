@@ -199,15 +199,19 @@ def test_a_wiped_cache_loses_at_most_what_was_pending(where: bw.Where, name: str
             with _processes(bw.writer, writers.args) as procs:
                 writers.start.set()
                 began = time.monotonic()
+
+                def two_flushes(when: str) -> None:
+                    for what in (f"a flush {when}", f"a second flush {when}"):
+                        floor = counter.parts().stored
+                        wait_for(
+                            lambda floor=floor: (  # type: ignore[misc]
+                                _alive(procs, writers.queue) and counter.parts().stored > floor
+                            ),
+                            what,
+                        )
+
                 # Scheduled flushes have run twice: writes and flushes are in full swing.
-                for what in ("a scheduled flush", "a second scheduled flush"):
-                    floor = counter.parts().stored
-                    wait_for(
-                        lambda floor=floor: (  # type: ignore[misc]
-                            _alive(procs, writers.queue) and counter.parts().stored > floor
-                        ),
-                        what,
-                    )
+                two_flushes("before the wipe")
                 # Wipe at a random moment of an interval, not just after a flush (when
                 # little is pending): this sleep picks the moment, it waits for nothing.
                 time.sleep(random.uniform(0, WIPE_INTERVAL))
@@ -218,14 +222,7 @@ def test_a_wiped_cache_loses_at_most_what_was_pending(where: bw.Where, name: str
                 stored_after = counter.parts().stored
                 assert stored_after >= stored_before
                 # The counter keeps working: new increments are flushed, twice.
-                for what in ("a flush after the wipe", "a second flush after the wipe"):
-                    floor = counter.parts().stored
-                    wait_for(
-                        lambda floor=floor: (  # type: ignore[misc]
-                            _alive(procs, writers.queue) and counter.parts().stored > floor
-                        ),
-                        what,
-                    )
+                two_flushes("after the wipe")
                 increments, acked = writers.finish()
                 elapsed = time.monotonic() - began
             counter.flush()

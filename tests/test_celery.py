@@ -164,17 +164,9 @@ class RecordingExecutor(CeleryExecutor):
         super().__init__(app, queue=queue)
         self.submissions: list[tuple[str, str | None, bool]] = []
 
-    def submit(
-        self,
-        task: str,
-        args: Mapping[str, Any],
-        *,
-        delay: float = 0.0,
-        dedupe: str | None = None,
-        window: float = 60.0,
-    ) -> bool:
-        made = super().submit(task, args, delay=delay, dedupe=dedupe, window=window)
-        self.submissions.append((task, dedupe, made))
+    def submit(self, task: str, args: Mapping[str, Any], **options: Any) -> bool:
+        made = super().submit(task, args, **options)
+        self.submissions.append((task, options.get("dedupe"), made))
         return made
 
 
