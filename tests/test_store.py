@@ -172,3 +172,22 @@ def test_retire_folds_generations_into_one_once(store: Store, name: str) -> None
     assert store.retire(name, 2, Flushed(5, 0))
     assert store.generations([name]) == {name: {RETIRED: Flushed(55, 8)}}
     assert store.total(name) == 47
+
+
+def test_raise_max_only_raises_and_maxima_reads_the_highest_shard(store: Store, name: str) -> None:
+    store.raise_max(name, 0, 10)
+    store.raise_max(name, 0, 7)  # lower: kept at 10
+    store.raise_max(name, 3, 12)
+    store.raise_max(name, 5, INT64_MAX)
+    store.raise_max(f"{name}:b", 1, 4)
+    assert store.maxima([name, f"{name}:b", f"{name}:none"]) == {
+        name: INT64_MAX,
+        f"{name}:b": 4,
+        f"{name}:none": 0,
+    }
+    assert store.total(name) == 0  # maxima are not shard sums
+
+
+def test_concurrent_raises_keep_the_highest(store: Store, name: str) -> None:
+    run_together(8, lambda index: [store.raise_max(name, 0, index * 100 + i) for i in range(20)])
+    assert store.maxima([name])[name] == 719

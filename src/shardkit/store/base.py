@@ -92,6 +92,14 @@ class Store(Protocol):
         record, if it still is ``applied``, and add its sums to ``RETIRED``'s, in one
         transaction (the value is unchanged). Returns whether it did."""
 
+    def raise_max(self, name: str, shard: int, value: int) -> None:
+        """Set shard ``shard`` of monotonic counter ``name`` to ``value`` if that is higher
+        than what it holds (creating the row if needed), in one atomic statement."""
+
+    def maxima(self, names: Iterable[str]) -> dict[str, int]:
+        """The highest value persisted over each counter's shards, in one query (0 for a
+        counter without any)."""
+
     def purge_keys(self, older_than: float) -> int:
         """Delete idempotency keys recorded before the epoch time ``older_than``; return how
         many were deleted. A purged key no longer protects against a repeated write."""

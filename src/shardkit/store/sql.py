@@ -35,6 +35,7 @@ from shardkit.store.base import RETIRED, CounterInfo, Flushed
 from shardkit.validation import MAX_NAME_LENGTH
 
 _T = TypeVar("_T")
+_Merge = Callable[[Any, Any], Any]  # (existing column, incoming value) -> new value
 _DEADLOCK_RETRIES = 5
 
 # URL scheme -> (the driver SQLAlchemy should use, the extra that installs it).
@@ -100,24 +101,37 @@ class _Dialect:
         statement = module.insert(table).on_conflict_do_nothing().returning(sa.literal(1))
         return conn.execute(statement, row).first() is not None
 
-    def upsert_add(self, table: sa.Table, sums: tuple[str, ...]) -> sa.Insert:
-        """INSERT a row, or add its ``sums`` columns to the existing row's, in one
-        statement. Every column's value is the bind parameter ``p_<column>``."""
+    def upsert(self, table: sa.Table, merge: dict[str, _Merge]) -> sa.Insert:
+        """INSERT a row, or set each ``merge`` column of the existing row to
+        ``merge[column](existing, incoming)``, in one statement. Every column's value is
+        the bind parameter ``p_<column>``."""
         values: dict[str, Any] = {c.name: sa.bindparam(f"p_{c.name}") for c in table.columns}
+        rules = merge.items()
         upsert: sa.Insert
         if self.is_mysql:
             my = mysql.insert(table).values(values)
             upsert = my.on_duplicate_key_update(
-                {name: table.c[name] + my.inserted[name] for name in sums}
+                {name: rule(table.c[name], my.inserted[name]) for name, rule in rules}
             )
         else:
             module = postgresql if self.name == "postgresql" else sqlite
             ins = module.insert(table).values(values)
             upsert = ins.on_conflict_do_update(
                 index_elements=list(table.primary_key.columns),
-                set_={name: table.c[name] + ins.excluded[name] for name in sums},
+                set_={
+                    name: rule(table.c[name], ins.excluded[name]) for name, rule in merge.items()
+                },
             )
         return upsert
+
+
+def _add(existing: Any, incoming: Any) -> Any:
+    return existing + incoming
+
+
+def _greatest(existing: Any, incoming: Any) -> Any:
+    # CASE, not GREATEST: SQLite has no GREATEST (its two-argument max() is not portable).
+    return sa.case((incoming > existing, incoming), else_=existing)
 
 
 class _Compiled:
@@ -181,8 +195,9 @@ class _Compiled:
 class SqlStore:
     """A durable store on any SQL database SQLAlchemy reaches through one of our drivers.
 
-    Tables are named ``{prefix}counters``, ``{prefix}shards``, ``{prefix}keys`` and
-    ``{prefix}flushed`` (what each cache generation of a buffered counter has flushed).
+    Tables are named ``{prefix}counters``, ``{prefix}shards``, ``{prefix}keys``,
+    ``{prefix}flushed`` (what each cache generation of a buffered counter has flushed)
+    and ``{prefix}maxima`` (the highest values persisted by monotonic counters).
     Thread-safe; fork-safe (a child opens its own connections). Writes without an
     idempotency key run on held autocommit connections (at most ``pool_size - 1`` held,
     so other users of the engine's pool are never starved).
@@ -229,9 +244,17 @@ class SqlStore:
             sa.Column("down", sa.BigInteger, nullable=False),
             sa.Column("created_at", sa.Double, nullable=False),
         )
+        self.maxima_table = sa.Table(
+            f"{prefix}maxima",
+            metadata,
+            sa.Column("name", _Text(), primary_key=True),
+            sa.Column("shard", sa.Integer, primary_key=True, autoincrement=False),
+            sa.Column("value", sa.BigInteger, nullable=False),
+        )
         self.metadata = metadata
-        self._upsert_add = self._dialect.upsert_add(self.shards_table, ("value",))
-        self._fold = self._dialect.upsert_add(self.flushed_table, ("up", "down"))
+        self._upsert_add = self._dialect.upsert(self.shards_table, {"value": _add})
+        self._fold = self._dialect.upsert(self.flushed_table, {"up": _add, "down": _add})
+        self._raise_max = self._dialect.upsert(self.maxima_table, {"value": _greatest})
         self._fast_add = _Compiled(self._upsert_add, engine.dialect)
         pool = engine.pool
         self._max_held = pool.size() - 1 if isinstance(pool, QueuePool) else 0
@@ -483,6 +506,30 @@ class SqlStore:
             return True
 
         return self._in_transaction(f"retiring a generation of counter {name!r}", work)
+
+    # -- monotonic counters' maxima ----------------------------------------------------
+
+    def raise_max(self, name: str, shard: int, value: int) -> None:
+        params = {"p_name": name, "p_shard": shard, "p_value": value}
+        self._in_transaction(
+            f"persisting the maximum of counter {name!r}",
+            lambda conn: conn.execute(self._raise_max, params),
+        )
+
+    def maxima(self, names: Iterable[str]) -> dict[str, int]:
+        wanted = list(dict.fromkeys(names))
+        result = dict.fromkeys(wanted, 0)
+        if not wanted:
+            return result
+        table = self.maxima_table
+        rows = self._read(
+            "reading counter maxima",
+            sa.select(table.c.name, sa.func.max(table.c.value))
+            .where(table.c.name.in_(wanted))
+            .group_by(table.c.name),
+        )
+        result.update({name: int(value) for name, value in rows})
+        return result
 
     # -- maintenance -------------------------------------------------------------------
 
