@@ -157,7 +157,8 @@ def test_incr_buffered_is_flushed_when_the_command_exits(run, name: str) -> None
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("incr", "{name}", "--key", "k"), "--key and --shards are for sharded counters"),
+        (("incr", "{name}", "--key", "k"), "--key is for sharded counters"),
+        (("incr", "{name}", "--shards", "4"), "--shards is for sharded and monotonic counters"),
         (("grow", "{name}", "4"), "is a buffered counter, not sharded"),
     ],
 )
@@ -210,3 +211,13 @@ def test_worker_flushes_in_the_foreground_until_interrupted(sqlite_url: str, nam
             reader.join(timeout=10)
             worker.stdout.close()  # type: ignore[union-attr]
     assert lines[-1] == "stopped\n"
+
+
+def test_a_monotonic_counter_from_the_command_line(run, name: str) -> None:  # type: ignore[no-untyped-def]
+    assert run("incr", name, "--monotonic", "--by", "3") == (0, f"{name} = 3\n", "")
+    assert run("incr", name) == (0, f"{name} = 4\n", "")
+    code, out, _ = run("get", name)
+    assert code == 0
+    assert out.startswith("4 (persisted ")  # the memory cache lives as long as the command
+    out = run("list")[1]
+    assert "monotonic" in next(line for line in out.splitlines() if name in line)

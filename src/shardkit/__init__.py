@@ -8,7 +8,7 @@
 >>> hits.incr()
 """
 
-from shardkit.counters import BufferedCounter, Parts, ShardedCounter
+from shardkit.counters import BufferedCounter, MonotonicCounter, Parts, ShardedCounter
 from shardkit.errors import (
     BackendError,
     BackendUnavailable,
@@ -40,6 +40,7 @@ __all__ = [
     "InvalidShardCount",
     "Kit",
     "MissingDriver",
+    "MonotonicCounter",
     "Parts",
     "ShardedCounter",
     "ShardkitError",

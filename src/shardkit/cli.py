@@ -71,19 +71,26 @@ pass_context = click.make_pass_decorator(Context)
 @click.option("--by", "delta", type=int, default=1, show_default=True, help="Delta (may be < 0).")
 @click.option("--key", help="Idempotency key: a repeated call with the same key applies once.")
 @click.option("--shards", type=int, help="Shard count for a new counter (grows an existing one).")
-@click.option("--buffered", is_flag=True, help="Create NAME as a buffered counter if it is new.")
+@click.option("--buffered", "kind", flag_value="buffered", help="Create NAME buffered if new.")
+@click.option("--monotonic", "kind", flag_value="monotonic", help="Create NAME monotonic if new.")
 @pass_context
 def incr(
-    context: Context, name: str, delta: int, key: str | None, shards: int | None, buffered: bool
+    context: Context, name: str, delta: int, key: str | None, shards: int | None, kind: str | None
 ) -> None:
-    """Add to counter NAME, creating it (sharded, unless --buffered) if needed."""
+    """Add to counter NAME, creating it (sharded, unless --buffered or --monotonic) if
+    needed."""
     kit = context.kit
     info = kit.store.counter(name)
-    if (info.kind if info else "buffered" if buffered else "sharded") == "buffered":
-        if key is not None or shards is not None:
-            raise shardkit.ValidationError("--key and --shards are for sharded counters")
+    kind = info.kind if info else kind or "sharded"
+    if kind != "sharded" and key is not None:
+        raise shardkit.ValidationError("--key is for sharded counters")
+    if kind == "buffered":
+        if shards is not None:
+            raise shardkit.ValidationError("--shards is for sharded and monotonic counters")
         kit.buffered(name).incr(delta)
         out.print(f"{name} {delta:+d} (pending until flushed)")
+    elif kind == "monotonic":
+        out.print(f"{name} = {kit.monotonic(name, shards).incr(delta)}")
     elif kit.sharded(name, shards).incr(delta, key=key):
         out.print(f"{name} {delta:+d}")
     else:
@@ -100,6 +107,8 @@ def get(context: Context, name: str, fresh: bool) -> None:
     if isinstance(counter, shardkit.BufferedCounter):
         parts = counter.parts()
         out.print(f"{parts.total} (stored {parts.stored}, pending {parts.pending})")
+    elif isinstance(counter, shardkit.MonotonicCounter):
+        out.print(f"{counter.value()} (persisted {counter.persisted()})")
     else:
         out.print(counter.value(fresh=fresh))
 
@@ -178,10 +187,13 @@ def list_counters(context: Context) -> None:
     """List every counter with its kind, shard count and exact value."""
     kit = context.kit
     counters = kit.counters()
-    values = kit.values([c.name for c in counters], fresh=True)
+    values = kit.values([c.name for c in counters if c.kind != "monotonic"], fresh=True)
     table = Table("name", "kind", "shards", "value", title=f"counters in {kit.store.url}")
     for info in counters:
-        table.add_row(info.name, info.kind, str(info.shards), str(values[info.name]))
+        value = values.get(info.name)
+        if value is None:  # a monotonic counter: its value lives in the cache
+            value = kit.monotonic(info.name).value()
+        table.add_row(info.name, info.kind, str(info.shards), str(value))
     out.print(table)
 
 

@@ -6,15 +6,16 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from sqlalchemy.engine import Engine
 
 from shardkit.cache import Cache, open_cache
-from shardkit.counters import BufferedCounter, CounterSettings, ShardedCounter
+from shardkit.counters import BufferedCounter, CounterSettings, MonotonicCounter, ShardedCounter
 from shardkit.counters.base import log
 from shardkit.counters.buffered import flush_counters
+from shardkit.counters.monotonic import check_chance
 from shardkit.errors import ConfigurationError, CounterKindMismatch, CounterNotFound, ShardkitError
 from shardkit.executor import Executor, LocalExecutor, Marks
 from shardkit.store import CounterInfo, Store, open_store
@@ -26,8 +27,8 @@ DEFAULT_SHARDS = 20
 DEFAULT_INTERVAL = 5.0
 _OPEN_COUNTERS = 4096
 
-Counter = ShardedCounter | BufferedCounter
-_C = TypeVar("_C", ShardedCounter, BufferedCounter)
+Counter = ShardedCounter | BufferedCounter | MonotonicCounter
+_C = TypeVar("_C", ShardedCounter, BufferedCounter, MonotonicCounter)
 
 
 class Kit:
@@ -72,18 +73,22 @@ class Kit:
 
     def close(self) -> None:
         """Close the executor (a local one first runs the flushes it has waiting); with a
-        private cache, flush the buffered counters and fold their generations into shard
-        rows; then close the connections the kit opened (live engines and clients stay
+        private cache, whose contents die with the process, flush the buffered counters
+        (folding their generations into one row) and persist the monotonic counters'
+        values; then close the connections the kit opened (live engines and clients stay
         open)."""
         self.executor.close()
         if not self.cache.shared:
             with self._lock:
-                buffered = [c for c in self._counters.values() if isinstance(c, BufferedCounter)]
-            for counter in buffered:
+                counters = list(self._counters.values())
+            for counter in counters:
                 try:
-                    counter._retire()
+                    if isinstance(counter, BufferedCounter):
+                        counter._retire()
+                    elif isinstance(counter, MonotonicCounter):
+                        counter.checkpoint()
                 except ShardkitError as exc:
-                    log.warning("could not retire counter %r at close: %s", counter.name, exc)
+                    log.warning("could not save counter %r at close: %s", counter.name, exc)
         self.store.close()
         self.cache.close()
 
@@ -113,6 +118,37 @@ class Kit:
             return counter
         info = self.store.open_counter(name, BufferedCounter.kind, 1, grow=False)
         return self._keep(BufferedCounter(info, self._settings, self.executor, interval))
+
+    def monotonic(
+        self,
+        name: str,
+        shards: int | None = None,
+        chance_to_write: float = 0.1,
+        *,
+        random: Callable[[], float] | None = None,
+    ) -> MonotonicCounter:
+        """The cache-held monotonic counter ``name``, created on first use with ``shards``
+        shards (default 20; grown like a sharded counter's). ``chance_to_write`` is the
+        probability that an increment persists its value; ``random`` (default
+        ``random.random``) may be injected for tests. Not for ids: see ``ids``."""
+        check_name(name)
+        if shards is not None:
+            check_shards(shards, self._settings.max_shards)
+        chance = check_chance(chance_to_write)
+        counter = self._opened(name, MonotonicCounter)
+        if (
+            counter is not None
+            and (shards is None or shards <= counter.shards)
+            and counter.chance_to_write == chance
+            and random is None
+        ):
+            return counter
+        info = self.store.open_counter(
+            name, MonotonicCounter.kind, shards or DEFAULT_SHARDS, grow=shards is not None
+        )
+        return self._keep(
+            MonotonicCounter(info, self._settings, chance, random or self._settings.random)
+        )
 
     def _opened(self, name: str, kind: type[_C]) -> _C | None:
         with self._lock:
@@ -146,6 +182,8 @@ class Kit:
             raise CounterNotFound(f"no counter named {name!r} in {self.store.url}")
         if info.kind == BufferedCounter.kind:
             return self.buffered(name)
+        if info.kind == MonotonicCounter.kind:
+            return self.monotonic(name)
         return self.sharded(name)
 
     def flush_all(self) -> dict[str, int]:

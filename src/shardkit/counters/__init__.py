@@ -2,6 +2,7 @@
 
 from shardkit.counters.base import CounterSettings
 from shardkit.counters.buffered import BufferedCounter, Parts
+from shardkit.counters.monotonic import MonotonicCounter
 from shardkit.counters.sharded import ShardedCounter
 
-__all__ = ["BufferedCounter", "CounterSettings", "Parts", "ShardedCounter"]
+__all__ = ["BufferedCounter", "CounterSettings", "MonotonicCounter", "Parts", "ShardedCounter"]

@@ -33,9 +33,9 @@ class CounterSettings:
         return f"{self.namespace}{part}:{name}"
 
     def best_effort(self, action: str, call: Callable[[], object]) -> None:
-        """Run a cache call whose failure must not fail the caller (the store write it
-        follows has committed already: raising would invite a doubled retry)."""
+        """Run a backend call whose failure must not fail the caller (the write it follows
+        has happened already: raising would invite a doubled retry); log the failure."""
         try:
             call()
         except BackendError as exc:
-            log.warning("cache %s failed while %s: %s", self.cache.url, action, exc)
+            log.warning("failed while %s (the call itself succeeded): %s", action, exc)

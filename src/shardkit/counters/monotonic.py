@@ -1,0 +1,118 @@
+"""The cache-held monotonic counter: the live value is a cache key, the store keeps shards
+holding the highest values seen, and a cold cache is repopulated from their maximum.
+
+Fast (an increment is one cache round trip) and fine for statistics, but not for ids:
+when the cache loses the key, the values handed out since the last persisted one are
+handed out again. ``chance_to_write`` trades store writes for fewer repeats; the ids
+allocator (``Kit.ids``) is the safe alternative.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from shardkit.counters.base import CounterSettings
+from shardkit.errors import BackendError, InvalidDelta, ValidationError
+from shardkit.store.base import CounterInfo
+from shardkit.validation import INT64_MAX
+
+# A cache that loses the key again and again between a populate and the increment
+# gives up after this many tries.
+_ATTEMPTS = 5
+
+
+def check_chance(chance: object) -> float:
+    """Return ``chance`` as a float if it is a probability in [0, 1] (not a bool)."""
+    if isinstance(chance, bool) or not isinstance(chance, (int, float)) or not 0 <= chance <= 1:
+        raise ValidationError(f"chance_to_write must be a number in [0, 1], not {chance!r}")
+    return float(chance)
+
+
+class MonotonicCounter:
+    """A counter whose value lives in the cache and only grows while the cache keeps it.
+
+    Guarantees:
+
+    * ``incr`` is one atomic cache increment and returns the new value: while the cache
+      keeps the key, no two calls return the same value and values only grow.
+    * With probability ``chance_to_write`` the new value is also persisted, to a random
+      one of ``shards`` rows, as max(stored, new) in one atomic statement.
+    * When the cache has lost the key it is repopulated with the maximum persisted over
+      the shards, added only if absent (a concurrent populate never overwrites a newer
+      value). So after a cache loss the values since the last persisted one are handed
+      out again — never use it for ids (see ``Kit.ids``).
+
+    Thread-safe; usable in a forked child.
+    """
+
+    kind = "monotonic"
+
+    def __init__(
+        self,
+        info: CounterInfo,
+        settings: CounterSettings,
+        chance_to_write: float,
+        random: Callable[[], float],
+    ) -> None:
+        self.name = info.name
+        self.shards = info.shards
+        self.chance_to_write = check_chance(chance_to_write)
+        self._settings = settings
+        self._random = random
+        self._key = settings.cache_key(self.name, "monotonic:value")
+
+    def __repr__(self) -> str:
+        return (
+            f"<MonotonicCounter {self.name!r} shards={self.shards} "
+            f"chance_to_write={self.chance_to_write}>"
+        )
+
+    def incr(self, delta: int = 1) -> int:
+        """Add ``delta`` (an int ≥ 1) and return the new value.
+
+        A call that raises ``BackendError`` may or may not have counted.
+        """
+        if isinstance(delta, bool) or not isinstance(delta, int) or not 1 <= delta <= INT64_MAX:
+            raise InvalidDelta(f"a monotonic counter takes deltas ≥ 1, not {delta!r}")
+        settings = self._settings
+        for _ in range(_ATTEMPTS):
+            value = settings.cache.incr(self._key, delta)
+            if value is not None:
+                break
+            self._populate()  # evicted since (or never populated): populate, then retry
+        else:
+            raise BackendError(f"cache {settings.cache.url} kept losing counter {self.name!r}")
+        if self._random() < self.chance_to_write:
+            shard = min(int(self._random() * self.shards), self.shards - 1)
+            # The value is handed out whatever happens to this write: failing the call
+            # would only hide a value that the cache has already moved past.
+            settings.best_effort(
+                "persisting a maximum",
+                lambda: settings.store.raise_max(self.name, shard, value),
+            )
+        return value
+
+    def _populate(self) -> None:
+        """Put the persisted maximum in the cache unless a value is there already."""
+        self._settings.cache.add(self._key, self.persisted(), None)
+
+    def checkpoint(self) -> None:
+        """Persist the current cached value now (e.g. before a planned cache restart, or
+        as ``Kit.close()`` does for a private, per-process cache)."""
+        cached = self._settings.cache.get(self._key)
+        if cached is not None:
+            shard = min(int(self._random() * self.shards), self.shards - 1)
+            self._settings.store.raise_max(self.name, shard, cached)
+
+    def value(self) -> int:
+        """The current value: the cache's, populating it from the store if needed."""
+        cache = self._settings.cache
+        cached = cache.get(self._key)
+        if cached is None:
+            self._populate()
+            cached = cache.get(self._key)
+        return self.persisted() if cached is None else cached
+
+    def persisted(self) -> int:
+        """The highest value persisted in the store."""
+        return self._settings.store.maxima([self.name])[self.name]
