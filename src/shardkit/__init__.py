@@ -8,7 +8,13 @@
 >>> hits.incr()
 """
 
-from shardkit.counters import BufferedCounter, MonotonicCounter, Parts, ShardedCounter
+from shardkit.counters import (
+    BufferedCounter,
+    IdAllocator,
+    MonotonicCounter,
+    Parts,
+    ShardedCounter,
+)
 from shardkit.errors import (
     BackendError,
     BackendUnavailable,
@@ -35,6 +41,7 @@ __all__ = [
     "CounterInfo",
     "CounterKindMismatch",
     "CounterNotFound",
+    "IdAllocator",
     "InvalidDelta",
     "InvalidName",
     "InvalidShardCount",

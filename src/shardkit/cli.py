@@ -109,6 +109,8 @@ def get(context: Context, name: str, fresh: bool) -> None:
         out.print(f"{parts.total} (stored {parts.stored}, pending {parts.pending})")
     elif isinstance(counter, shardkit.MonotonicCounter):
         out.print(f"{counter.value()} (persisted {counter.persisted()})")
+    elif isinstance(counter, shardkit.IdAllocator):
+        out.print(f"{counter.reserved()} (ids reserved up to here)")
     else:
         out.print(counter.value(fresh=fresh))
 
@@ -123,6 +125,16 @@ def grow(context: Context, name: str, shards: int) -> None:
     if not isinstance(counter, shardkit.ShardedCounter):
         raise shardkit.CounterKindMismatch(f"{name!r} is a {counter.kind} counter, not sharded")
     out.print(f"{name}: {counter.grow(shards)} shards")
+
+
+@main.command()
+@click.argument("name")
+@click.option("--count", type=click.IntRange(1, 1_000_000), default=1, show_default=True)
+@click.option("--block", type=int, default=1000, show_default=True, help="Ids reserved at once.")
+@pass_context
+def ids(context: Context, name: str, count: int, block: int) -> None:
+    """Print COUNT new ids of id allocator NAME (created if new), one per line."""
+    out.print("\n".join(map(str, context.kit.ids(name, block).take(count))))
 
 
 @main.command()

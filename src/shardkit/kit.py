@@ -15,6 +15,7 @@ from shardkit.cache import Cache, open_cache
 from shardkit.counters import BufferedCounter, CounterSettings, MonotonicCounter, ShardedCounter
 from shardkit.counters.base import log
 from shardkit.counters.buffered import flush_counters
+from shardkit.counters.ids import IdAllocator, check_block
 from shardkit.counters.monotonic import check_chance
 from shardkit.errors import ConfigurationError, CounterKindMismatch, CounterNotFound, ShardkitError
 from shardkit.executor import Executor, LocalExecutor, Marks
@@ -27,8 +28,8 @@ DEFAULT_SHARDS = 20
 DEFAULT_INTERVAL = 5.0
 _OPEN_COUNTERS = 4096
 
-Counter = ShardedCounter | BufferedCounter | MonotonicCounter
-_C = TypeVar("_C", ShardedCounter, BufferedCounter, MonotonicCounter)
+Counter = ShardedCounter | BufferedCounter | MonotonicCounter | IdAllocator
+_C = TypeVar("_C", ShardedCounter, BufferedCounter, MonotonicCounter, IdAllocator)
 
 
 class Kit:
@@ -150,6 +151,17 @@ class Kit:
             MonotonicCounter(info, self._settings, chance, random or self._settings.random)
         )
 
+    def ids(self, name: str, block: int = 1000) -> IdAllocator:
+        """The id allocator ``name``: unique ids, reserved from the store ``block`` at a
+        time (a setting of this process; processes may use their own)."""
+        check_name(name)
+        block = check_block(block)
+        counter = self._opened(name, IdAllocator)
+        if counter is not None and counter.block == block:
+            return counter
+        info = self.store.open_counter(name, IdAllocator.kind, 1, grow=False)
+        return self._keep(IdAllocator(info, self._settings, block))
+
     def _opened(self, name: str, kind: type[_C]) -> _C | None:
         with self._lock:
             counter = self._counters.get(name)
@@ -184,6 +196,8 @@ class Kit:
             return self.buffered(name)
         if info.kind == MonotonicCounter.kind:
             return self.monotonic(name)
+        if info.kind == IdAllocator.kind:
+            return self.ids(name)
         return self.sharded(name)
 
     def flush_all(self) -> dict[str, int]:

@@ -2,7 +2,15 @@
 
 from shardkit.counters.base import CounterSettings
 from shardkit.counters.buffered import BufferedCounter, Parts
+from shardkit.counters.ids import IdAllocator
 from shardkit.counters.monotonic import MonotonicCounter
 from shardkit.counters.sharded import ShardedCounter
 
-__all__ = ["BufferedCounter", "CounterSettings", "MonotonicCounter", "Parts", "ShardedCounter"]
+__all__ = [
+    "BufferedCounter",
+    "CounterSettings",
+    "IdAllocator",
+    "MonotonicCounter",
+    "Parts",
+    "ShardedCounter",
+]

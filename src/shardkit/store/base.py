@@ -100,6 +100,11 @@ class Store(Protocol):
         """The highest value persisted over each counter's shards, in one query (0 for a
         counter without any)."""
 
+    def reserve(self, name: str, count: int) -> int:
+        """Raise the high-water mark of id allocator ``name`` by ``count`` and return the
+        new mark (the block ``mark - count + 1 … mark`` is the caller's). Atomic and
+        durable before it returns; marks only grow."""
+
     def purge_keys(self, older_than: float) -> int:
         """Delete idempotency keys recorded before the epoch time ``older_than``; return how
         many were deleted. A purged key no longer protects against a repeated write."""

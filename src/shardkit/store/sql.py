@@ -531,6 +531,20 @@ class SqlStore:
         result.update({name: int(value) for name, value in rows})
         return result
 
+    # -- id allocators -----------------------------------------------------------------
+
+    def reserve(self, name: str, count: int) -> int:
+        table = self.shards_table
+        params = {"p_name": name, "p_shard": 0, "p_value": count}
+        mark = sa.select(table.c.value).where(table.c.name == name, table.c.shard == 0)
+
+        def work(conn: Connection) -> int:
+            # The upsert holds the row's lock until commit: the read sees this call's mark.
+            conn.execute(self._upsert_add, params)
+            return int(conn.execute(mark).scalar_one())
+
+        return self._in_transaction(f"reserving ids of {name!r}", work)
+
     # -- maintenance -------------------------------------------------------------------
 
     def purge_keys(self, older_than: float) -> int:
