@@ -221,3 +221,15 @@ def test_a_monotonic_counter_from_the_command_line(run, name: str) -> None:  # t
     assert out.startswith("4 (persisted ")  # the memory cache lives as long as the command
     out = run("list")[1]
     assert "monotonic" in next(line for line in out.splitlines() if name in line)
+
+
+def test_ids_prints_new_ids_that_never_repeat(run, name: str) -> None:  # type: ignore[no-untyped-def]
+    code, out, _ = run("ids", name, "--count", "3", "--block", "10")
+    assert code == 0
+    first = [int(line) for line in out.split()]
+    assert first == sorted(set(first))
+    assert len(first) == 3
+    second = [int(line) for line in run("ids", name)[1].split()]
+    assert second[0] > max(first)  # a new process reserves a new block
+    assert run("get", name) == (0, "1010 (ids reserved up to here)\n", "")  # 10, then 1000
+    assert run("ids", name, "--count", "0")[0] == 2

@@ -64,14 +64,21 @@ class IdAllocator:
     def next(self) -> int:
         """A new id: one cache round trip, plus one store round trip per block used."""
         cache = self._settings.cache
-        for _ in range(_ATTEMPTS):
+        losses = 0
+        while True:
             mark, key = self._mark, self._key
             if mark:
                 candidate = cache.bump(key, 1) - _BASE
                 if mark - self.block < candidate <= mark:
                     return candidate
+                if candidate <= mark - self.block:  # the cache lost the block's key
+                    losses += 1
+                    if losses == _ATTEMPTS:
+                        raise BackendError(
+                            f"cache {cache.url} kept losing the ids of {self.name!r}"
+                        )
+            # Used up (by this and other writers) or lost: move to a newer block.
             self._move_on(mark)
-        raise BackendError(f"cache {cache.url} kept losing the ids of {self.name!r}")
 
     def take(self, count: int) -> list[int]:
         """``count`` new ids, in increasing order."""
