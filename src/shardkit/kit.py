@@ -213,7 +213,11 @@ class Kit:
 
     def values(self, names: Iterable[str], *, fresh: bool = False) -> dict[str, int]:
         """Values of many counters: one cache round trip for the cached ones and one
-        store query for the rest (all of them when ``fresh``). Unknown names read 0."""
+        store query for the rest (all of them when ``fresh``). Unknown names read 0.
+
+        The store's values: a sharded counter's value, a buffered counter's stored part,
+        an id allocator's high-water mark. A monotonic counter's value lives in the
+        cache: read it with ``kit.monotonic(name).value()``."""
         wanted = [check_name(name) for name in names]
         settings = self._settings
         keys = {settings.cache_key(name, "sharded:value"): name for name in wanted}
