@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 import shardkit
-from conftest import Target, run_together
+from conftest import CACHE_URLS, Target, require, run_together
 from shardkit.errors import CounterKindMismatch, ValidationError
 from shardkit.store import Store
 
@@ -51,15 +51,16 @@ def test_a_new_process_continues_above_every_id_handed_out(store_url: str, name:
     assert min(second) > max(first)
 
 
-def test_kits_sharing_a_cache_take_increasing_ids_from_one_block(store_url: str, name: str) -> None:
-    from conftest import CACHE_URLS, require
-
+def test_kits_sharing_a_cache_take_increasing_ids_from_shared_blocks(
+    store_url: str, name: str
+) -> None:
     require(CACHE_URLS["redis"])
     target = Target(store_url, CACHE_URLS["redis"])
     with target.connect() as one, target.connect() as two:
-        taken = [kit.ids(name, block=1000).next() for _ in range(5) for kit in (one, two)]
-        assert taken == list(range(taken[0], taken[0] + 10))
-        assert one.ids(name).reserved() == 1000
+        taken = [kit.ids(name, block=3).next() for _ in range(15) for kit in (one, two)]
+        # One sequence across both kits: each used-up block is replaced once, for both.
+        assert taken == list(range(1, 31))
+        assert one.ids(name, block=3).reserved() == 30
 
 
 @pytest.mark.parametrize("block", [0, -5, 2**40 + 1, 1.5, True, "10"])

@@ -9,26 +9,31 @@ lies inside the block of the key that produced it, so ids of different generatio
 never meet, and within a generation the cache's atomic increment hands each id out once.
 When the block is used up, or the cache loses the key (eviction, restart, FLUSHALL), a
 writer reserves a new block — above every block ever reserved, hence above every id ever
-handed out. Holes (the unused rest of a block) are allowed; duplicates never.
+handed out. Holes (the unused rest of a block) are allowed; duplicates never. The key
+of a block is created only by the writer that reserved it, and the cache's ``incr`` never
+creates one, so a lost key is never re-created below the ids it handed out.
 
 With a shared cache, every process takes ids from the same generation, so ids increase
-across processes too (until two writers race to replace a lost generation). With the
-in-process cache each process has its own block: ids increase within the process.
+across processes too: of the writers that find a block used up, one claims the next
+(an add-if-absent in the cache) and the others wait for it. With the in-process cache
+each process has its own block: ids increase within the process.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 
 from shardkit.counters.base import CounterSettings
 from shardkit.errors import BackendError, ValidationError
 from shardkit.store.base import CounterInfo
 
-# Cache values are ids shifted by this offset: a key the cache lost and an increment
-# re-created near 0 can never look like an id of a live block.
-_BASE = 2**62
 MAX_BLOCK = 2**40
+# Consecutive blocks whose key the cache lost at once before giving up.
 _ATTEMPTS = 5
+# How long a writer waits for the writer that claimed the next block to publish it,
+# before reserving one itself (that writer may have died).
+_CLAIM_WAIT = 5.0
 
 
 def check_block(block: object) -> int:
@@ -61,6 +66,9 @@ class IdAllocator:
     def __repr__(self) -> str:
         return f"<IdAllocator {self.name!r} block={self.block}>"
 
+    def _key_of(self, mark: int) -> str:
+        return self._settings.cache_key(self.name, f"ids:{mark}")
+
     def next(self) -> int:
         """A new id: one cache round trip, plus one store round trip per block used."""
         cache = self._settings.cache
@@ -68,48 +76,71 @@ class IdAllocator:
         while True:
             mark, key = self._mark, self._key
             if mark:
-                candidate = cache.bump(key, 1) - _BASE
-                if mark - self.block < candidate <= mark:
+                candidate = cache.incr(key, 1)
+                if candidate is not None and candidate <= mark:
                     return candidate
-                if candidate <= mark - self.block:  # the cache lost the block's key
-                    losses += 1
-                    if losses == _ATTEMPTS:
-                        raise BackendError(
-                            f"cache {cache.url} kept losing the ids of {self.name!r}"
-                        )
-            # Used up (by this and other writers) or lost: move to a newer block.
-            self._move_on(mark)
+            # Used up (by this and other writers), lost, or none yet: move on.
+            if self._move_on(mark):
+                losses += 1
+                if losses == _ATTEMPTS:
+                    raise BackendError(f"cache {cache.url} kept losing the ids of {self.name!r}")
 
     def take(self, count: int) -> list[int]:
         """``count`` new ids, in increasing order."""
         return [self.next() for _ in range(count)]
 
-    def _move_on(self, spent: int) -> None:
-        """The generation ``spent`` is used up or lost: adopt a newer one that the cache
-        points at, or reserve a block and start one."""
+    def _move_on(self, spent: int) -> bool:
+        """Leave generation ``spent``: adopt a newer one that the cache points at, or
+        start one. Of the writers leaving ``spent`` one claims the next block (through
+        the cache) and the others wait for it, so a shared block is replaced once.
+        Returns whether this call had to start a generation because ``spent`` had lost
+        its key while current."""
         with self._lock:
             if self._mark != spent:  # another thread moved on meanwhile
-                return
+                return False
             cache = self._settings.cache
             pointer = cache.get(self._pointer_key)
             if pointer is not None and pointer > spent:
                 self._adopt(pointer)
-                return
-            mark = self._settings.store.reserve(self.name, self.block)
-            key = self._key_of(mark)
-            cache.add(key, _BASE + mark - self.block, None)
-            if pointer is not None:
-                cache.delete(self._pointer_key)
-            # Losing this race leaves two live generations, each with its own block.
-            cache.add(self._pointer_key, mark, None)
-            self._adopt(mark)
+                return False
+            claim = self._settings.cache_key(self.name, f"ids:claim:{spent}")
+            if not cache.add(claim, 1, _CLAIM_WAIT * 2):
+                newer = self._wait_for_newer(spent)
+                if newer is not None:
+                    self._adopt(newer)
+                    return False
+            lost = bool(spent) and cache.get(self._key_of(spent)) is None
+            self._start()
+            if spent:
+                cache.delete(self._key_of(spent))  # used up or lost: nobody needs it
+            return lost
+
+    def _wait_for_newer(self, spent: int) -> int | None:
+        """The generation after ``spent`` once its claimer publishes it; None if none
+        shows within ``_CLAIM_WAIT`` seconds."""
+        cache = self._settings.cache
+        deadline = time.monotonic() + _CLAIM_WAIT
+        pause = 0.0005
+        while time.monotonic() < deadline:
+            pointer = cache.get(self._pointer_key)
+            if pointer is not None and pointer > spent:
+                return pointer
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+        return None
+
+    def _start(self) -> None:
+        """Reserve a block in the store and publish its generation in the cache."""
+        cache = self._settings.cache
+        mark = self._settings.store.reserve(self.name, self.block)
+        cache.add(self._key_of(mark), mark - self.block, None)
+        cache.delete(self._pointer_key)
+        cache.add(self._pointer_key, mark, None)
+        self._adopt(mark)
 
     def _adopt(self, mark: int) -> None:
         self._key = self._key_of(mark)
         self._mark = mark
-
-    def _key_of(self, mark: int) -> str:
-        return self._settings.cache_key(self.name, f"ids:{mark}")
 
     def reserved(self) -> int:
         """The high-water mark: every id handed out so far is at most this."""

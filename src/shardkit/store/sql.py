@@ -536,12 +536,18 @@ class SqlStore:
     def reserve(self, name: str, count: int) -> int:
         table = self.shards_table
         params = {"p_name": name, "p_shard": 0, "p_value": count}
-        mark = sa.select(table.c.value).where(table.c.name == name, table.c.shard == 0)
+        if self._dialect.is_mysql:  # no RETURNING: read the row back under the upsert's lock
+            mark = sa.select(table.c.value).where(table.c.name == name, table.c.shard == 0)
 
-        def work(conn: Connection) -> int:
-            # The upsert holds the row's lock until commit: the read sees this call's mark.
-            conn.execute(self._upsert_add, params)
-            return int(conn.execute(mark).scalar_one())
+            def work(conn: Connection) -> int:
+                conn.execute(self._upsert_add, params)
+                return int(conn.execute(mark).scalar_one())
+
+        else:
+            returning = self._upsert_add.returning(table.c.value)
+
+            def work(conn: Connection) -> int:
+                return int(conn.execute(returning, params).scalar_one())
 
         return self._in_transaction(f"reserving ids of {name!r}", work)
 
