@@ -15,25 +15,14 @@ from __future__ import annotations
 
 import os
 import struct
-import time
 import traceback
-from collections.abc import Callable
 from typing import Any
 
 import shardkit
+from buffered_workers import wait_until
 
 Where = tuple[str, str, str]  # (store URL, cache URL, table prefix)
-TIMEOUT = 60.0  # seconds a taker waits for its start signal
 RECORD = struct.Struct("<q")  # one id, 8 bytes: records never straddle a page
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = TIMEOUT) -> None:
-    """Poll ``condition`` until it holds; raise TimeoutError after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.002)
 
 
 def read_ids(path: str) -> list[int]:
