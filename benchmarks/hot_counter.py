@@ -49,6 +49,8 @@ from shardkit.demo import (
     Target,
     median_phase,
     naive_table,
+    ratio,
+    run_grid,
     sharded_writer,
 )
 from shardkit.store.sql import SqlStore, engine_from_url
@@ -394,20 +396,19 @@ def main(argv: list[str] | None = None) -> int:
             f"buffered flush interval {args.interval:g} s; modes {', '.join(modes)}"
         )
         cells: dict[tuple[int, str], Cell] = {}
-        for writers in args.writer_counts:
-            with Crew(writers) as crew:
-                for run in range(args.repeat):
-                    for mode in modes:
-                        with console.status(f"{writers} writers, {mode}, run {run + 1}…"):
-                            cell = cells.setdefault((writers, mode), Cell([]))
-                            spec = runs[mode]
-                            before = spec.read()
-                            phase = crew.run(spec.setup, spec.arg, args.seconds)
-                            moved = spec.read() - before
-                            cell.phases.append(phase)
-                            cell.exact = cell.exact and moved == phase.ops
-                            if mode == "buffered":
-                                cell.writes.append(collect_store_writes(reports))
+
+        def measure(crew: Crew, writers: int, mode: str) -> None:
+            cell = cells.setdefault((writers, mode), Cell([]))
+            spec = runs[mode]
+            before = spec.read()
+            phase = crew.run(spec.setup, spec.arg, args.seconds)
+            moved = spec.read() - before
+            cell.phases.append(phase)
+            cell.exact = cell.exact and moved == phase.ops
+            if mode == "buffered":
+                cell.writes.append(collect_store_writes(reports))
+
+        run_grid(args.writer_counts, args.repeat, modes, measure, console)
         console.print(results_table(cells, args.writer_counts, modes, args.repeat))
         if "buffered" in modes:
             console.print(store_writes_table(cells, args.writer_counts, args.interval))
@@ -430,12 +431,6 @@ def forget_redis_keys(client: Any, namespace: str, *keys: str) -> None:
     doomed = [*keys, *client.scan_iter(match=f"{namespace}*", count=1000)]
     for start in range(0, len(doomed), 500):
         client.delete(*doomed[start : start + 500])
-
-
-def _ratio(cells: dict[tuple[int, str], Cell], writers: int, mode: str, base: str) -> str:
-    if (writers, base) not in cells:
-        return "-"
-    return f"{cells[writers, mode].rate / cells[writers, base].rate:.2f}x"
 
 
 def results_table(
@@ -461,7 +456,7 @@ def results_table(
                 str(writers),
                 mode,
                 f"{cell.rate:,.0f}",
-                *(_ratio(cells, writers, mode, b) for b in bases),
+                *(ratio(cells, writers, mode, b) for b in bases),
                 writes,
                 "[green]✓[/]" if cell.exact else "[red]✗[/]",
             ]

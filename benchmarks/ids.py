@@ -39,7 +39,7 @@ from rich.table import Table
 
 import shardkit
 from hot_counter import REDIS_SCHEMES, _redis_client, forget_redis_keys, raw_connect
-from shardkit.demo import Crew, Op, Phase, Setup, median_phase
+from shardkit.demo import Crew, Op, Phase, Setup, median_phase, ratio, run_grid
 from shardkit.store.sql import SqlStore, engine_from_url
 
 DEFAULT_STORE = "postgresql://postgres@127.0.0.1:5432/test"
@@ -342,17 +342,16 @@ def main(argv: list[str] | None = None) -> int:
             f"modes {', '.join(modes)}"
         )
         cells: dict[tuple[int, str], Cell] = {}
-        for writers in args.writer_counts:
-            with Crew(writers) as crew:
-                for run in range(args.repeat):
-                    for mode in modes:
-                        with console.status(f"{writers} writers, {mode}, run {run + 1}…"):
-                            cell = cells.setdefault((writers, mode), Cell([]))
-                            spec = runs[mode]
-                            before = spec.before()
-                            phase = crew.run(spec.setup, spec.arg, args.seconds)
-                            cell.phases.append(phase)
-                            cell.exact = spec.check(cell, phase, before) and cell.exact
+
+        def measure(crew: Crew, writers: int, mode: str) -> None:
+            cell = cells.setdefault((writers, mode), Cell([]))
+            spec = runs[mode]
+            before = spec.before()
+            phase = crew.run(spec.setup, spec.arg, args.seconds)
+            cell.phases.append(phase)
+            cell.exact = spec.check(cell, phase, before) and cell.exact
+
+        run_grid(args.writer_counts, args.repeat, modes, measure, console)
         console.print(results_table(cells, args.writer_counts, modes, args.repeat))
         for mode, got in reports.items():
             if got.backwards or got.doubled:
@@ -394,12 +393,6 @@ def allocator_check(
     return check
 
 
-def _ratio(cells: dict[tuple[int, str], Cell], writers: int, mode: str, base: str) -> str:
-    if (writers, base) not in cells:
-        return "-"
-    return f"{cells[writers, mode].rate / cells[writers, base].rate:.2f}x"
-
-
 def results_table(
     cells: dict[tuple[int, str], Cell], counts: list[int], modes: list[str], repeat: int
 ) -> Table:
@@ -416,7 +409,7 @@ def results_table(
                 str(writers),
                 mode,
                 f"{cell.rate:,.0f}",
-                _ratio(cells, writers, mode, "nextval"),
+                ratio(cells, writers, mode, "nextval"),
                 f"{statistics.median(cell.store_txns):,.1f}",
                 f"{cell.taken / cell.reserved:.1%}" if cell.reserved else "-",
                 "[green]✓[/]" if cell.exact else "[red]✗[/]",

@@ -16,11 +16,11 @@ import tempfile
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import sqlalchemy as sa
 from rich.console import Console
@@ -173,6 +173,38 @@ class Crew:
         for q in [self._reports, *self._tasks]:
             q.close()
             q.join_thread()
+
+
+def run_grid(
+    writer_counts: list[int],
+    repeat: int,
+    modes: list[str],
+    run: Callable[[Crew, int, str], None],
+    console: Console,
+) -> None:
+    """Call ``run(crew, writers, mode)`` ``repeat`` times for every writer count and mode,
+    modes interleaved within each repetition, one crew per writer count."""
+    for writers in writer_counts:
+        with Crew(writers) as crew:
+            for number in range(repeat):
+                for mode in modes:
+                    with console.status(f"{writers} writers, {mode}, run {number + 1}…"):
+                        run(crew, writers, mode)
+
+
+class Rated(Protocol):
+    """A benchmark cell: repeated phases of one mode, summed up as one rate."""
+
+    @property
+    def rate(self) -> float: ...
+
+
+def ratio(cells: Mapping[tuple[int, str], Rated], writers: int, mode: str, base: str) -> str:
+    """``mode``'s rate over ``base``'s at ``writers`` writers, as ``1.23x`` (``-`` if
+    ``base`` was not measured)."""
+    if (writers, base) not in cells:
+        return "-"
+    return f"{cells[writers, mode].rate / cells[writers, base].rate:.2f}x"
 
 
 def median_phase(phases: list[Phase]) -> float:
@@ -340,12 +372,15 @@ __all__ = [
     "Crew",
     "Op",
     "Phase",
+    "Rated",
     "Setup",
     "Target",
     "buffered_writer",
     "median_phase",
     "naive_table",
     "naive_writer",
+    "ratio",
     "run_demo",
+    "run_grid",
     "sharded_writer",
 ]
