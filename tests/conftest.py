@@ -22,6 +22,7 @@ import sqlalchemy as sa
 import shardkit
 from shardkit.cache import Cache, open_cache
 from shardkit.store import Store, open_store
+from shardkit.store.sql import SqlStore
 
 CI = os.environ.get("CI", "").lower() == "true"
 
@@ -103,6 +104,19 @@ def require(url: str) -> None:
         if CI:
             pytest.fail(f"service required in CI: {reason}")
         pytest.skip(reason)
+
+
+def shard_values(kit: shardkit.Kit, table: str, name: str) -> dict[int, int]:
+    """The rows of counter ``name`` in the SQL store's ``shards`` or ``maxima`` table,
+    as {shard: value}."""
+    store = kit.store
+    assert isinstance(store, SqlStore)
+    rows_of = {"shards": store.shards_table, "maxima": store.maxima_table}[table]
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(rows_of.c.shard, rows_of.c.value).where(rows_of.c.name == name)
+        )
+        return {int(shard): int(value) for shard, value in rows}
 
 
 @dataclass(frozen=True)

@@ -9,21 +9,10 @@ from typing import Any
 
 import pytest
 import redis
-import sqlalchemy as sa
 
 import shardkit
-from conftest import PREFIX, Target, require, run_together, store_url_for, wait_for
+from conftest import PREFIX, Target, require, run_together, shard_values, store_url_for, wait_for
 from shardkit.errors import CounterKindMismatch, InvalidDelta, InvalidShardCount, ValidationError
-from shardkit.store.sql import SqlStore
-
-
-def maxima_rows(kit: shardkit.Kit, name: str) -> dict[int, int]:
-    store = kit.store
-    assert isinstance(store, SqlStore)
-    table = store.maxima_table
-    with store.engine.connect() as conn:
-        rows = conn.execute(sa.select(table.c.shard, table.c.value).where(table.c.name == name))
-        return {int(shard): int(value) for shard, value in rows}
 
 
 def test_increments_return_growing_values(kit: shardkit.Kit, name: str) -> None:
@@ -42,7 +31,7 @@ def test_the_random_source_picks_when_and_where_to_persist(kit: shardkit.Kit, na
     hits.incr()  # 0.05 < 0.1: persisted, to shard int(0.6 * 10)
     hits.incr()  # 0.5: not persisted
     hits.incr()  # persisted to shard 0
-    assert maxima_rows(kit, name) == {6: 1, 0: 3}
+    assert shard_values(kit, "maxima", name) == {6: 1, 0: 3}
     assert hits.persisted() == 3
 
 

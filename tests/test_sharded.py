@@ -3,21 +3,10 @@
 from __future__ import annotations
 
 import pytest
-import sqlalchemy as sa
 
 import shardkit
-from conftest import PREFIX, run_together
+from conftest import PREFIX, run_together, shard_values
 from shardkit.errors import CounterKindMismatch, CounterNotFound
-from shardkit.store.sql import SqlStore
-
-
-def shard_rows(kit: shardkit.Kit, name: str) -> dict[int, int]:
-    store = kit.store
-    assert isinstance(store, SqlStore)
-    table = store.shards_table
-    with store.engine.connect() as conn:
-        rows = conn.execute(sa.select(table.c.shard, table.c.value).where(table.c.name == name))
-        return {int(shard): int(value) for shard, value in rows}
 
 
 def test_incr_decr_and_exact_value(kit: shardkit.Kit, name: str) -> None:
@@ -71,7 +60,7 @@ def test_shards_only_grow_and_growing_keeps_the_value(
 def test_shard_rows_are_created_lazily_within_the_shard_count(kit: shardkit.Kit, name: str) -> None:
     votes = kit.sharded(name, shards=50)
     votes.incr(1)
-    rows = shard_rows(kit, name)
+    rows = shard_values(kit, "shards", name)
     assert len(rows) == 1
     assert all(0 <= shard < 50 for shard in rows)
 
@@ -84,7 +73,7 @@ def test_concurrent_writers_each_get_their_own_shard(kit: shardkit.Kit, name: st
             votes.incr()
 
     run_together(8, work)
-    rows = shard_rows(kit, name)
+    rows = shard_values(kit, "shards", name)
     assert sorted(rows.values()) == [25] * 8  # eight rows, one per writer, none shared
     assert votes.value(fresh=True) == 200
 

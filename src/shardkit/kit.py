@@ -12,15 +12,25 @@ from typing import Any, TypeVar
 from sqlalchemy.engine import Engine
 
 from shardkit.cache import Cache, open_cache
-from shardkit.counters import BufferedCounter, CounterSettings, MonotonicCounter, ShardedCounter
+from shardkit.counters import (
+    BufferedCounter,
+    CounterSettings,
+    IdAllocator,
+    MonotonicCounter,
+    ShardedCounter,
+)
 from shardkit.counters.base import log
 from shardkit.counters.buffered import flush_counters
-from shardkit.counters.ids import IdAllocator, check_block
-from shardkit.counters.monotonic import check_chance
 from shardkit.errors import ConfigurationError, CounterKindMismatch, CounterNotFound, ShardkitError
 from shardkit.executor import Executor, LocalExecutor, Marks
 from shardkit.store import CounterInfo, Store, open_store
-from shardkit.validation import check_interval, check_name, check_shards
+from shardkit.validation import (
+    check_block,
+    check_chance,
+    check_interval,
+    check_name,
+    check_shards,
+)
 
 DEFAULT_STORE = "sqlite:///shardkit.db"
 DEFAULT_CACHE = "memory://"

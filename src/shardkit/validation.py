@@ -7,6 +7,7 @@ import unicodedata
 from shardkit.errors import InvalidDelta, InvalidName, InvalidShardCount, ValidationError
 
 MAX_NAME_LENGTH = 200
+MAX_BLOCK = 2**40
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 
@@ -52,3 +53,17 @@ def check_interval(interval: object) -> float:
     if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
         raise ValidationError(f"interval must be a number of seconds > 0, not {interval!r}")
     return float(interval)
+
+
+def check_chance(chance: object) -> float:
+    """Return ``chance`` as a float if it is a probability in [0, 1] (not a bool)."""
+    if isinstance(chance, bool) or not isinstance(chance, (int, float)) or not 0 <= chance <= 1:
+        raise ValidationError(f"chance_to_write must be a number in [0, 1], not {chance!r}")
+    return float(chance)
+
+
+def check_block(block: object) -> int:
+    """Return ``block`` if it is an int in 1 … 2**40 (not a bool)."""
+    if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= MAX_BLOCK:
+        raise ValidationError(f"block must be an int in 1..2**40, not {block!r}")
+    return block

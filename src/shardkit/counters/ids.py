@@ -25,22 +25,15 @@ import threading
 import time
 
 from shardkit.counters.base import CounterSettings
-from shardkit.errors import BackendError, ValidationError
+from shardkit.errors import BackendError
 from shardkit.store.base import CounterInfo
+from shardkit.validation import check_block
 
-MAX_BLOCK = 2**40
 # Consecutive blocks whose key the cache lost at once before giving up.
 _ATTEMPTS = 5
 # How long a writer waits for the writer that claimed the next block to publish it,
 # before reserving one itself (that writer may have died).
 _CLAIM_WAIT = 5.0
-
-
-def check_block(block: object) -> int:
-    """Return ``block`` if it is an int in 1 … 2**40 (not a bool)."""
-    if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= MAX_BLOCK:
-        raise ValidationError(f"block must be an int in 1..2**40, not {block!r}")
-    return block
 
 
 class IdAllocator:

@@ -12,20 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from shardkit.counters.base import CounterSettings
-from shardkit.errors import BackendError, InvalidDelta, ValidationError
+from shardkit.errors import BackendError, InvalidDelta
 from shardkit.store.base import CounterInfo
-from shardkit.validation import INT64_MAX
+from shardkit.validation import INT64_MAX, check_chance
 
 # A cache that loses the key again and again between a populate and the increment
 # gives up after this many tries.
 _ATTEMPTS = 5
-
-
-def check_chance(chance: object) -> float:
-    """Return ``chance`` as a float if it is a probability in [0, 1] (not a bool)."""
-    if isinstance(chance, bool) or not isinstance(chance, (int, float)) or not 0 <= chance <= 1:
-        raise ValidationError(f"chance_to_write must be a number in [0, 1], not {chance!r}")
-    return float(chance)
 
 
 class MonotonicCounter:
@@ -83,7 +76,7 @@ class MonotonicCounter:
         else:
             raise BackendError(f"cache {settings.cache.url} kept losing counter {self.name!r}")
         if self._random() < self.chance_to_write:
-            shard = min(int(self._random() * self.shards), self.shards - 1)
+            shard = self._random_shard()
             # The value is handed out whatever happens to this write: failing the call
             # would only hide a value that the cache has already moved past.
             settings.best_effort(
@@ -101,8 +94,10 @@ class MonotonicCounter:
         as ``Kit.close()`` does for a private, per-process cache)."""
         cached = self._settings.cache.get(self._key)
         if cached is not None:
-            shard = min(int(self._random() * self.shards), self.shards - 1)
-            self._settings.store.raise_max(self.name, shard, cached)
+            self._settings.store.raise_max(self.name, self._random_shard(), cached)
+
+    def _random_shard(self) -> int:
+        return min(int(self._random() * self.shards), self.shards - 1)
 
     def value(self) -> int:
         """The current value: the cache's, populating it from the store if needed."""
