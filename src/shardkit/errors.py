@@ -51,3 +51,26 @@ class BackendError(ShardkitError):
 
 class BackendUnavailable(BackendError):
     """A store or cache server could not be reached (the message names the redacted URL)."""
+
+
+class UnsupportedKey(ValidationError):
+    """A key value the mapper cannot carry: keys are ints, strings, bytes, UUIDs or
+    tuples of those."""
+
+
+class JobNotFound(ShardkitError, LookupError):
+    """A mapping job was looked up by id and does not exist."""
+
+
+class JobFailed(ShardkitError):
+    """A mapping job stopped: a range failed more often than its retries allow, or
+    ``on_complete`` raised. ``Job.resume()`` retries it."""
+
+
+class JobTimeout(ShardkitError, TimeoutError):
+    """``Job.wait`` gave up before the job finished; the job goes on."""
+
+
+class UntrustedPayload(ShardkitError):
+    """A pickled job payload whose signature does not match the kit's secret: rejected
+    without being unpickled."""

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy.engine import Engine
@@ -23,11 +24,18 @@ from shardkit.counters.base import log
 from shardkit.counters.buffered import flush_counters
 from shardkit.errors import ConfigurationError, CounterKindMismatch, CounterNotFound, ShardkitError
 from shardkit.executor import Executor, LocalExecutor, Marks
+from shardkit.mapper import Batch, Completion, Job, JobStatus, Mapper, MapSpec, Signer
+from shardkit.mapper.runner import TASK
+from shardkit.mapper.source import as_source
+from shardkit.mapper.spec import resolve
 from shardkit.store import CounterInfo, Store, open_store
+from shardkit.store.sql import SqlStore
 from shardkit.validation import (
     check_block,
     check_chance,
     check_interval,
+    check_job_id,
+    check_mapping,
     check_name,
     check_shards,
 )
@@ -49,9 +57,13 @@ class Kit:
     connection is shared across a fork. Use it as a context manager, or ``close()`` it.
     """
 
-    def __init__(self, settings: CounterSettings, executor: Executor) -> None:
+    def __init__(
+        self, settings: CounterSettings, executor: Executor, secret: str | bytes | None = None
+    ) -> None:
         self._settings = settings
         self.executor = executor
+        self._signer = Signer(secret) if secret else None
+        self._mapper: Mapper | None = None
         self._lock = threading.Lock()
         # The counters opened lately, so that opening one again costs no round trip;
         # bounded, since applications open a counter per entity (poll, video, …).
@@ -63,7 +75,21 @@ class Kit:
         return {
             "flush": lambda args: flush_counters(self._settings, [check_name(args["name"])]),
             "flush_all": lambda args: self.flush_all(),
+            TASK: lambda args: self.mapper.run_range(args["job"], args["range"]),
         }
+
+    @property
+    def mapper(self) -> Mapper:
+        """The kit's mapper (its jobs live in the store's ``jobs`` and ``ranges`` tables)."""
+        with self._lock:
+            if self._mapper is None:
+                if not isinstance(self.store, SqlStore):
+                    raise ConfigurationError(
+                        f"mapping needs a SQL store, not {self.store.url}: the ledger "
+                        "and the source share its transactions"
+                    )
+                self._mapper = Mapper(self.store, self.executor, self._signer)
+            return self._mapper
 
     @property
     def store(self) -> Store:
@@ -249,6 +275,59 @@ class Kit:
         for name, total in totals.items():
             self.cache.add(settings.cache_key(name, "sharded:value"), total, settings.cache_ttl)
 
+    def map(
+        self,
+        source: Any,
+        fn: Callable[[Batch], object] | str,
+        *,
+        key: str | Sequence[str] | None = None,
+        transactional: bool = False,
+        fanout: int = 8,
+        page_size: int = 500,
+        on_complete: Callable[[Completion], object] | str | None = None,
+        retries: int = 5,
+        job: str | None = None,
+    ) -> Job:
+        """Start a job that calls ``fn(batch)`` for every page of ``source``'s rows, in
+        parallel on the kit's executor, and return its handle.
+
+        ``source`` is a SQLAlchemy ``Table`` or ``Select`` (read through the store's
+        database) or a ``shardkit.mapper.Source``; ``key`` names its unique key column(s)
+        (default: a table's primary key). With ``transactional``, ``batch.conn`` is the
+        transaction that commits the page's checkpoint: fn's writes through it happen
+        exactly once. Otherwise each page is visited at least once. A page is retried up
+        to ``retries`` times, then the job fails. ``on_complete(completion)`` runs once,
+        in the transaction that marks the job complete. ``fn`` and ``on_complete`` may be
+        import paths (``"package.module:name"``). Starting a ``job`` id that exists
+        resumes that job. Bad options raise before anything is written.
+        """
+        check_mapping(page_size, fanout, retries)
+        job_id = uuid.uuid4().hex if job is None else check_job_id(job)
+        if isinstance(fn, str):
+            fn = resolve(fn)
+        if isinstance(on_complete, str):
+            on_complete = resolve(on_complete)
+        if not callable(fn) or (on_complete is not None and not callable(on_complete)):
+            raise ConfigurationError("fn and on_complete must be callables or import paths")
+        spec = MapSpec(
+            source=as_source(source, key),
+            fn=fn,
+            on_complete=on_complete,
+            page_size=page_size,
+            fanout=fanout,
+            transactional=bool(transactional),
+            retries=retries,
+        )
+        return self.mapper.start(job_id, spec)
+
+    def job(self, job_id: str) -> Job:
+        """The handle of job ``job_id``; raises ``JobNotFound`` if there is none."""
+        return self.mapper.job(job_id)
+
+    def jobs(self) -> list[JobStatus]:
+        """The status of every job in the store, newest first."""
+        return self.mapper.statuses()
+
     def purge_keys(self) -> int:
         """Delete idempotency keys older than the kit's ``key_retention``; return how many."""
         return self.store.purge_keys(time.time() - self._settings.key_retention)
@@ -263,6 +342,7 @@ def connect(
     max_shards: int = 1000,
     key_retention: float = 86400.0,
     executor: Executor | None = None,
+    secret: str | bytes | None = None,
 ) -> Kit:
     """Open a kit.
 
@@ -273,7 +353,8 @@ def connect(
     returns: an unreachable server raises ``BackendUnavailable`` naming its URL without
     the password. ``executor`` runs background work such as buffered counters' flushes:
     a ``LocalExecutor`` (threads of this process, the default) or a
-    ``shardkit.contrib.celery.CeleryExecutor``.
+    ``shardkit.contrib.celery.CeleryExecutor``. ``secret`` (default
+    ``$SHARDKIT_SECRET``) signs the pickled closures of mapping jobs.
     """
     if not prefix.isidentifier() or len(prefix) > 40:
         raise ConfigurationError(f"table prefix must be an identifier, ≤ 40 characters: {prefix!r}")
@@ -303,4 +384,4 @@ def connect(
         max_shards=max_shards,
         key_retention=key_retention,
     )
-    return Kit(settings, executor or LocalExecutor())
+    return Kit(settings, executor or LocalExecutor(), secret or os.environ.get("SHARDKIT_SECRET"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 from shardkit.errors import InvalidDelta, InvalidName, InvalidShardCount, ValidationError
@@ -67,3 +68,24 @@ def check_block(block: object) -> int:
     if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= MAX_BLOCK:
         raise ValidationError(f"block must be an int in 1..2**40, not {block!r}")
     return block
+
+
+_JOB_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+def check_job_id(job: object) -> str:
+    """Return ``job`` if it is a usable job id: 1-64 letters, digits and ``_.:-``."""
+    if not isinstance(job, str) or not _JOB_ID.fullmatch(job):
+        raise ValidationError(f"a job id is 1-64 letters, digits or _.:- characters: {job!r}")
+    return job
+
+
+def check_mapping(page_size: object, fanout: object, retries: object) -> None:
+    """Validate a job's options: 1 ≤ page_size ≤ 100,000, 1 ≤ fanout ≤ 64, 0 ≤ retries."""
+    for what, value, low, high in (
+        ("page_size", page_size, 1, 100_000),
+        ("fanout", fanout, 1, 64),
+        ("retries", retries, 0, 1000),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValidationError(f"{what} must be an int in [{low}, {high}], not {value!r}")

@@ -196,8 +196,9 @@ class SqlStore:
     """A durable store on any SQL database SQLAlchemy reaches through one of our drivers.
 
     Tables are named ``{prefix}counters``, ``{prefix}shards``, ``{prefix}keys``,
-    ``{prefix}flushed`` (what each cache generation of a buffered counter has flushed)
-    and ``{prefix}maxima`` (the highest values persisted by monotonic counters).
+    ``{prefix}flushed`` (what each cache generation of a buffered counter has flushed),
+    ``{prefix}maxima`` (the highest values persisted by monotonic counters), and the
+    mapper's ledger, ``{prefix}jobs`` and ``{prefix}ranges``.
     Thread-safe; fork-safe (a child opens its own connections). Writes without an
     idempotency key run on held autocommit connections (at most ``pool_size - 1`` held,
     so other users of the engine's pool are never starved).
@@ -207,7 +208,7 @@ class SqlStore:
         self.engine = engine
         self.url = engine.url.render_as_string(hide_password=True)
         self._owns_engine = owns_engine
-        self._dialect = _Dialect(engine.dialect.name)
+        self.dialect = _Dialect(engine.dialect.name)
         if engine.dialect.name not in ("sqlite", "postgresql", "mysql", "mariadb"):
             raise ConfigurationError(f"unsupported SQL database {engine.dialect.name!r}")
         metadata = sa.MetaData()
@@ -251,10 +252,42 @@ class SqlStore:
             sa.Column("shard", sa.Integer, primary_key=True, autoincrement=False),
             sa.Column("value", sa.BigInteger, nullable=False),
         )
+        # The mapper's ledger (shardkit.mapper.ledger): its jobs and their key ranges.
+        self.jobs_table = sa.Table(
+            f"{prefix}jobs",
+            metadata,
+            sa.Column("id", sa.String(64), primary_key=True),
+            sa.Column("state", sa.String(12), nullable=False),
+            sa.Column("spec", sa.Text, nullable=False),
+            sa.Column("estimate", sa.BigInteger),
+            sa.Column("error", sa.Text),
+            sa.Column("created_at", sa.Double, nullable=False),
+            sa.Column("finished_at", sa.Double),
+        )
+        self.ranges_table = sa.Table(
+            f"{prefix}ranges",
+            metadata,
+            sa.Column("job", sa.String(64), primary_key=True),
+            sa.Column("id", sa.String(32), primary_key=True),
+            sa.Column("parent", sa.String(32)),
+            sa.Column("lo", sa.Text),
+            sa.Column("hi", sa.Text),
+            sa.Column("after", sa.Text),
+            sa.Column("state", sa.String(8), nullable=False),
+            sa.Column("depth", sa.Integer, nullable=False),
+            sa.Column("rows", sa.BigInteger, nullable=False),
+            sa.Column("pages", sa.Integer, nullable=False),
+            sa.Column("failures", sa.Integer, nullable=False),
+            sa.Column("error", sa.Text),
+            sa.Column("created_at", sa.Double, nullable=False),
+            sa.Column("done_at", sa.Double),
+            sa.Index(f"{prefix}ranges_state", "job", "state"),
+            sa.Index(f"{prefix}ranges_parent", "job", "parent"),
+        )
         self.metadata = metadata
-        self._upsert_add = self._dialect.upsert(self.shards_table, {"value": _add})
-        self._fold = self._dialect.upsert(self.flushed_table, {"up": _add, "down": _add})
-        self._raise_max = self._dialect.upsert(self.maxima_table, {"value": _greatest})
+        self._upsert_add = self.dialect.upsert(self.shards_table, {"value": _add})
+        self._fold = self.dialect.upsert(self.flushed_table, {"up": _add, "down": _add})
+        self._raise_max = self.dialect.upsert(self.maxima_table, {"value": _greatest})
         self._fast_add = _Compiled(self._upsert_add, engine.dialect)
         pool = engine.pool
         self._max_held = pool.size() - 1 if isinstance(pool, QueuePool) else 0
@@ -277,7 +310,7 @@ class SqlStore:
             return BackendUnavailable(f"cannot reach the store at {self.url}: {detail}")
         return BackendError(f"store {self.url} failed while {action}: {detail}")
 
-    def _in_transaction(self, action: str, work: Callable[[Connection], _T]) -> _T:
+    def transaction(self, action: str, work: Callable[[Connection], _T]) -> _T:
         """Run ``work`` in one transaction, again if the database chose it as a deadlock
         victim (its effects were rolled back whole, so running it again is safe)."""
         for attempt in range(_DEADLOCK_RETRIES + 1):
@@ -285,14 +318,14 @@ class SqlStore:
                 with self.engine.begin() as conn:
                     return work(conn)
             except DBAPIError as exc:
-                if attempt == _DEADLOCK_RETRIES or not self._dialect.is_deadlock(exc):
+                if attempt == _DEADLOCK_RETRIES or not self.dialect.is_deadlock(exc):
                     raise self._error(exc, action) from exc
                 time.sleep(random.uniform(0, 0.01 * 2**attempt))  # let the winner finish
             except SQLAlchemyError as exc:
                 raise self._error(exc, action) from exc
         raise AssertionError("unreachable")
 
-    def _read(self, action: str, statement: sa.Executable) -> list[Any]:
+    def read(self, action: str, statement: sa.Executable) -> list[Any]:
         try:
             with self.engine.connect() as conn:
                 return list(conn.execute(statement))
@@ -306,7 +339,7 @@ class SqlStore:
         "already exists" error is absorbed by a second, checking, attempt."""
         try:
             with self.engine.begin() as conn:
-                if self._dialect.name == "sqlite" and self.engine.url.database:
+                if self.dialect.name == "sqlite" and self.engine.url.database:
                     conn.exec_driver_sql("PRAGMA journal_mode=WAL")
             for attempt in range(2):
                 try:
@@ -333,19 +366,19 @@ class SqlStore:
                     .where(table.c.name == name, table.c.kind == kind, table.c.shards < shards)
                     .values(shards=shards)
                 )
-            self._dialect.insert_ignore(conn, table, {"name": name, "kind": kind, "shards": shards})
+            self.dialect.insert_ignore(conn, table, {"name": name, "kind": kind, "shards": shards})
             return conn.execute(
                 sa.select(table.c.kind, table.c.shards).where(table.c.name == name)
             ).one()
 
-        found = self._in_transaction(f"opening counter {name!r}", work)
+        found = self.transaction(f"opening counter {name!r}", work)
         if found.kind != kind:
             raise CounterKindMismatch(f"{name!r} is a {found.kind} counter, not a {kind} counter")
         return CounterInfo(name, kind, int(found.shards))
 
     def counter(self, name: str) -> CounterInfo | None:
         table = self.counters_table
-        rows = self._read(
+        rows = self.read(
             f"reading counter {name!r}",
             sa.select(table.c.name, table.c.kind, table.c.shards).where(table.c.name == name),
         )
@@ -353,7 +386,7 @@ class SqlStore:
 
     def counters(self) -> list[CounterInfo]:
         table = self.counters_table
-        rows = self._read(
+        rows = self.read(
             "listing counters",
             sa.select(table.c.name, table.c.kind, table.c.shards).order_by(table.c.name),
         )
@@ -369,12 +402,12 @@ class SqlStore:
 
         def work(conn: Connection) -> bool:
             row = {"name": name, "key": key, "created_at": time.time()}
-            if not self._dialect.insert_ignore(conn, self.keys_table, row):
+            if not self.dialect.insert_ignore(conn, self.keys_table, row):
                 return False
             conn.execute(self._upsert_add, params)
             return True
 
-        return self._in_transaction(f"adding to counter {name!r}", work)
+        return self.transaction(f"adding to counter {name!r}", work)
 
     def _fast(self, params: Mapping[str, Any]) -> None:
         """Run the precompiled upsert on a held autocommit connection: one round trip."""
@@ -423,7 +456,7 @@ class SqlStore:
         if not wanted:
             return result
         shards, flushed = self.shards_table, self.flushed_table
-        rows = self._read(
+        rows = self.read(
             "reading counter values",
             sa.union_all(
                 sa.select(shards.c.name, sa.func.sum(shards.c.value))
@@ -442,9 +475,9 @@ class SqlStore:
 
     def add_generation(self, name: str, generation: int) -> None:
         row = {"name": name, "generation": generation, "up": 0, "down": 0}
-        self._in_transaction(
+        self.transaction(
             f"recording a generation of counter {name!r}",
-            lambda conn: self._dialect.insert_ignore(
+            lambda conn: self.dialect.insert_ignore(
                 conn, self.flushed_table, {**row, "created_at": time.time()}
             ),
         )
@@ -454,7 +487,7 @@ class SqlStore:
         if not wanted:
             return {}
         table = self.flushed_table
-        rows = self._read(
+        rows = self.read(
             "reading flushed generations",
             sa.select(table.c.name, table.c.generation, table.c.up, table.c.down).where(
                 table.c.name.in_(wanted)
@@ -479,7 +512,7 @@ class SqlStore:
             )
             .values(up=to.up, down=to.down)
         )
-        return self._in_transaction(
+        return self.transaction(
             f"flushing counter {name!r}", lambda conn: conn.execute(statement).rowcount == 1
         )
 
@@ -505,13 +538,13 @@ class SqlStore:
             conn.execute(self._fold, folded)
             return True
 
-        return self._in_transaction(f"retiring a generation of counter {name!r}", work)
+        return self.transaction(f"retiring a generation of counter {name!r}", work)
 
     # -- monotonic counters' maxima ----------------------------------------------------
 
     def raise_max(self, name: str, shard: int, value: int) -> None:
         params = {"p_name": name, "p_shard": shard, "p_value": value}
-        self._in_transaction(
+        self.transaction(
             f"persisting the maximum of counter {name!r}",
             lambda conn: conn.execute(self._raise_max, params),
         )
@@ -522,7 +555,7 @@ class SqlStore:
         if not wanted:
             return result
         table = self.maxima_table
-        rows = self._read(
+        rows = self.read(
             "reading counter maxima",
             sa.select(table.c.name, sa.func.max(table.c.value))
             .where(table.c.name.in_(wanted))
@@ -536,7 +569,7 @@ class SqlStore:
     def reserve(self, name: str, count: int) -> int:
         table = self.shards_table
         params = {"p_name": name, "p_shard": 0, "p_value": count}
-        if self._dialect.is_mysql:  # no RETURNING: read the row back under the upsert's lock
+        if self.dialect.is_mysql:  # no RETURNING: read the row back under the upsert's lock
             mark = sa.select(table.c.value).where(table.c.name == name, table.c.shard == 0)
 
             def work(conn: Connection) -> int:
@@ -549,14 +582,14 @@ class SqlStore:
             def work(conn: Connection) -> int:
                 return int(conn.execute(returning, params).scalar_one())
 
-        return self._in_transaction(f"reserving ids of {name!r}", work)
+        return self.transaction(f"reserving ids of {name!r}", work)
 
     # -- maintenance -------------------------------------------------------------------
 
     def purge_keys(self, older_than: float) -> int:
         table = self.keys_table
         statement = sa.delete(table).where(table.c.created_at < older_than)
-        return self._in_transaction(
+        return self.transaction(
             "purging idempotency keys", lambda conn: int(conn.execute(statement).rowcount)
         )
 

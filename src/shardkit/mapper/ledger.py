@@ -1,0 +1,315 @@
+"""The range ledger: a job's key ranges in the store, the truth about its progress.
+
+Every range is a row with a deterministic id (job + bounds), a checkpoint (the last key
+done), a state (``pending`` or ``done``) and the rows it has visited. A page's checkpoint,
+the range's children and its own ``done`` are written in one transaction, so a task that
+runs twice changes nothing the second time; the job is complete when no range is
+pending, and the statement that marks it complete can succeed once. No counters of
+outstanding tasks: they break when a task runs twice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from shardkit.mapper.keys import Key, KeyRange, dump_key, load_key
+from shardkit.store.sql import SqlStore
+
+PENDING, DONE = "pending", "done"
+RUNNING, COMPLETE, CANCELLED, FAILED = "running", "complete", "cancelled", "failed"
+FINISHED = (COMPLETE, CANCELLED, FAILED)
+
+
+@dataclass(frozen=True)
+class RangeRow:
+    """A range as the ledger holds it."""
+
+    id: str
+    range: KeyRange
+    after: Key | None
+    depth: int
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """A job's progress, read from the ledger in one query.
+
+    ``rows`` counts rows visited (a page retried in a non-transactional job counts once
+    per commit); ``estimate`` is the source's row count when the job started (None until
+    its first task ran); ``pending`` ranges are queued or in flight; ``depth`` is the
+    deepest split so far.
+    """
+
+    id: str
+    state: str
+    rows: int
+    estimate: int | None
+    pending: int
+    done: int
+    depth: int
+    pages: int
+    created_at: float
+    finished_at: float | None
+    error: str | None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINISHED
+
+
+class RangeLedger:
+    """The ledger's statements, on a SQL store's tables. Thread-safe."""
+
+    def __init__(self, store: SqlStore) -> None:
+        self.store = store
+        self.jobs = store.jobs_table
+        self.ranges = store.ranges_table
+
+    def _range_is(self, job: str, range_id: str) -> Any:
+        return sa.and_(self.ranges.c.job == job, self.ranges.c.id == range_id)
+
+    # -- jobs ----------------------------------------------------------------------------
+
+    def create(self, job: str, spec: str) -> bool:
+        """Record a job and its root range (the whole key space) unless the job exists;
+        return whether it was created."""
+        now = time.time()
+        root = KeyRange()
+
+        def work(conn: Connection) -> bool:
+            row = {"id": job, "state": RUNNING, "spec": spec, "created_at": now}
+            if not self.store.dialect.insert_ignore(conn, self.jobs, row):
+                return False
+            self._insert(conn, job, None, [(root, None)], 0, now)
+            return True
+
+        return self.store.transaction(f"starting job {job!r}", work)
+
+    def spec(self, job: str) -> str | None:
+        rows = self.store.read(
+            f"reading job {job!r}", sa.select(self.jobs.c.spec).where(self.jobs.c.id == job)
+        )
+        return rows[0].spec if rows else None
+
+    def set_estimate(self, job: str, estimate: int) -> None:
+        statement = (
+            sa.update(self.jobs)
+            .where(self.jobs.c.id == job, self.jobs.c.estimate.is_(None))
+            .values(estimate=estimate)
+        )
+        self.store.transaction(f"estimating job {job!r}", lambda conn: conn.execute(statement))
+
+    def set_state(
+        self, job: str, to: str, *, when: Sequence[str], error: str | None = None
+    ) -> bool:
+        """Move a job in one of the states ``when`` to ``to``; whether it moved."""
+        values: dict[str, Any] = {"state": to, "error": error}
+        values["finished_at"] = time.time() if to in FINISHED else None
+        statement = (
+            sa.update(self.jobs)
+            .where(self.jobs.c.id == job, self.jobs.c.state.in_(when))
+            .values(values)
+        )
+        return self.store.transaction(
+            f"updating job {job!r}", lambda conn: conn.execute(statement).rowcount == 1
+        )
+
+    def claim_completion(self, conn: Connection, job: str) -> bool:
+        """Mark a running job with no pending range complete, in ``conn``'s transaction;
+        whether this call did (at most one ever does)."""
+        pending = sa.exists().where(self.ranges.c.job == job, self.ranges.c.state == PENDING)
+        statement = (
+            sa.update(self.jobs)
+            .where(self.jobs.c.id == job, self.jobs.c.state == RUNNING, ~pending)
+            .values(state=COMPLETE, finished_at=time.time())
+        )
+        return conn.execute(statement).rowcount == 1
+
+    def rows_done(self, conn: Connection, job: str) -> int:
+        statement = sa.select(sa.func.coalesce(sa.func.sum(self.ranges.c.rows), 0)).where(
+            self.ranges.c.job == job
+        )
+        return int(conn.execute(statement).scalar_one())
+
+    def statuses(self, job: str | None = None) -> list[JobStatus]:
+        """The status of ``job``, or of every job (newest first)."""
+        jobs, ranges = self.jobs, self.ranges
+        per_job = (
+            sa.select(
+                ranges.c.job,
+                sa.func.sum(sa.case((ranges.c.state == PENDING, 1), else_=0)).label("pending"),
+                sa.func.sum(sa.case((ranges.c.state == DONE, 1), else_=0)).label("done"),
+                sa.func.sum(ranges.c.rows).label("rows"),
+                sa.func.sum(ranges.c.pages).label("pages"),
+                sa.func.max(ranges.c.depth).label("depth"),
+            )
+            .group_by(ranges.c.job)
+            .subquery()
+        )
+        statement = (
+            sa.select(jobs, per_job.c.pending, per_job.c.done, per_job.c.rows)
+            .add_columns(per_job.c.pages, per_job.c.depth)
+            .outerjoin(per_job, per_job.c.job == jobs.c.id)
+            .order_by(jobs.c.created_at.desc(), jobs.c.id)
+        )
+        if job is not None:
+            statement = statement.where(jobs.c.id == job)
+        return [
+            JobStatus(
+                id=row.id,
+                state=row.state,
+                rows=int(row.rows or 0),
+                estimate=None if row.estimate is None else int(row.estimate),
+                pending=int(row.pending or 0),
+                done=int(row.done or 0),
+                depth=int(row.depth or 0),
+                pages=int(row.pages or 0),
+                created_at=float(row.created_at),
+                finished_at=None if row.finished_at is None else float(row.finished_at),
+                error=row.error,
+            )
+            for row in self.store.read("reading job status", statement)
+        ]
+
+    # -- ranges --------------------------------------------------------------------------
+
+    def pending(self, job: str, parent: str | None = None) -> list[str]:
+        """Ids of the job's pending ranges (only the children of ``parent``, if given)."""
+        where = [self.ranges.c.job == job, self.ranges.c.state == PENDING]
+        if parent is not None:
+            where.append(self.ranges.c.parent == parent)
+        statement = sa.select(self.ranges.c.id).where(*where)
+        return [row.id for row in self.store.read(f"reading the ranges of {job!r}", statement)]
+
+    def reset_failures(self, job: str) -> None:
+        statement = (
+            sa.update(self.ranges)
+            .where(self.ranges.c.job == job, self.ranges.c.state == PENDING)
+            .values(failures=0)
+        )
+        self.store.transaction(f"resuming job {job!r}", lambda conn: conn.execute(statement))
+
+    def lock(self, conn: Connection, job: str, range_id: str) -> bool:
+        """In ``conn``'s transaction, take the write lock of a pending range of a running
+        job (a second runner of the same range waits here, then finds it moved on);
+        False if the range is not pending or the job not running."""
+        running = sa.exists().where(self.jobs.c.id == job, self.jobs.c.state == RUNNING)
+        statement = (
+            sa.update(self.ranges)
+            .where(self._range_is(job, range_id), self.ranges.c.state == PENDING, running)
+            .values(pages=self.ranges.c.pages + 1)
+        )
+        return conn.execute(statement).rowcount == 1
+
+    def read_range(self, conn: Connection, job: str, range_id: str) -> tuple[str, RangeRow] | None:
+        """The range's state and row, with its job's state folded in: a range of a job
+        that is not running reads as that job's state."""
+        r, j = self.ranges, self.jobs
+        statement = (
+            sa.select(r.c.lo, r.c.hi, r.c.after, r.c.depth, r.c.state, j.c.state.label("job_state"))
+            .join(j, j.c.id == r.c.job)
+            .where(self._range_is(job, range_id))
+        )
+        row = conn.execute(statement).first()
+        if row is None:
+            return None
+        state = row.state if row.job_state == RUNNING else row.job_state
+        found = RangeRow(
+            range_id, KeyRange(load_key(row.lo), load_key(row.hi)), load_key(row.after), row.depth
+        )
+        return state, found
+
+    def checkpoint(
+        self,
+        conn: Connection,
+        job: str,
+        row: RangeRow,
+        *,
+        after: Key | None,
+        rows: int,
+        children: Sequence[tuple[KeyRange, Key | None]] | None,
+        count_page: bool,
+    ) -> list[str] | None:
+        """In ``conn``'s transaction: record a page of ``rows`` rows ending at ``after``,
+        if the range is still pending at the checkpoint ``row`` was read at. With
+        ``children`` (ranges and their starting checkpoints), record them and mark the
+        range done; with ``[]``, mark it done (nothing left); with None, keep it pending.
+        Returns the children's ids, or None if another run got there first."""
+        r = self.ranges
+        was = dump_key(row.after)
+        values: dict[str, Any] = {"after": dump_key(after), "rows": r.c.rows + rows}
+        if count_page:
+            values["pages"] = r.c.pages + 1
+        if children is not None:
+            values.update(state=DONE, done_at=time.time())
+        statement = (
+            sa.update(r)
+            .where(
+                self._range_is(job, row.id),
+                r.c.state == PENDING,
+                r.c.after.is_(None) if was is None else r.c.after == was,
+            )
+            .values(values)
+        )
+        if conn.execute(statement).rowcount != 1:
+            return None
+        if not children:
+            return []
+        return self._insert(conn, job, row.id, children, row.depth + 1, time.time())
+
+    def _insert(
+        self,
+        conn: Connection,
+        job: str,
+        parent: str | None,
+        ranges: Sequence[tuple[KeyRange, Key | None]],
+        depth: int,
+        now: float,
+    ) -> list[str]:
+        ids = []
+        for rng, after in ranges:
+            range_id = rng.id(job)
+            row = {
+                "job": job,
+                "id": range_id,
+                "parent": parent,
+                "lo": dump_key(rng.lo),
+                "hi": dump_key(rng.hi),
+                "after": dump_key(after),
+                "state": PENDING,
+                "depth": depth,
+                "rows": 0,
+                "pages": 0,
+                "failures": 0,
+                "created_at": now,
+            }
+            self.store.dialect.insert_ignore(conn, self.ranges, row)
+            ids.append(range_id)
+        return ids
+
+    def record_failure(self, job: str, range_id: str, error: str) -> int:
+        """Count a failed attempt at a pending range; return its failures so far (0 if
+        the range is no longer pending)."""
+        r = self.ranges
+        bump = (
+            sa.update(r)
+            .where(self._range_is(job, range_id), r.c.state == PENDING)
+            .values(failures=r.c.failures + 1, error=error)
+        )
+        read = sa.select(r.c.failures).where(self._range_is(job, range_id))
+
+        def work(conn: Connection) -> int:
+            if conn.execute(bump).rowcount != 1:
+                return 0
+            return int(conn.execute(read).scalar_one())
+
+        return self.store.transaction(f"recording a failure in job {job!r}", work)
+
+
+__all__ = ["JobStatus", "RangeLedger", "RangeRow"]

@@ -1,0 +1,314 @@
+"""The mapper: jobs of range tasks that visit a page, checkpoint, and split what is left.
+
+A range task (``run_range``, submitted to the kit's executor as ``map_range`` with JSON
+arguments ``{"job", "range"}``) takes one page of its range, hands it to the job's
+function and checkpoints. If the page was full it samples what is left of the range and
+splits it at the sample's quantiles into up to ``fanout`` children (fewer when little
+is left; none, and it goes on in place, when one page would do), so the work spreads as
+a tree whose depth grows as log(rows / page_size) / log(fanout).
+
+Transactional jobs run the page, the function and the checkpoint in one transaction on
+the store's database: exactly once. Others call the function outside any transaction
+and checkpoint with a compare-and-set: at least once per page (a page whose checkpoint
+is lost to a crash or a concurrent run is visited again).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from shardkit.errors import ConfigurationError, JobNotFound, ShardkitError
+from shardkit.executor import Executor, LocalExecutor
+from shardkit.mapper.job import Batch, Completion, Job
+from shardkit.mapper.keys import Key, KeyRange, interpolate
+from shardkit.mapper.ledger import (
+    CANCELLED,
+    COMPLETE,
+    DONE,
+    FAILED,
+    PENDING,
+    RUNNING,
+    JobStatus,
+    RangeLedger,
+    RangeRow,
+)
+from shardkit.mapper.spec import MapSpec, Signer
+from shardkit.store.sql import SqlStore
+
+log = logging.getLogger("shardkit")
+
+TASK = "map_range"
+_SAMPLE_PER_CHILD = 16  # sample keys per child range: quantile error ~ 1/sqrt(16)
+_RETRY_DELAY = 0.05  # seconds before the first retry of a failed range; doubles
+_MAX_RETRY_DELAY = 30.0
+
+_Children = list[tuple[KeyRange, Key | None]]
+
+
+class Mapper:
+    """Starts jobs, runs their range tasks, reports on them. Thread-safe.
+
+    The functions of jobs started in this process are kept here, so closures need no
+    pickling on a local executor; other processes rebuild a job from its stored spec.
+    """
+
+    def __init__(self, store: SqlStore, executor: Executor, signer: Signer | None) -> None:
+        self.store = store
+        self.ledger = RangeLedger(store)
+        self.executor = executor
+        self.signer = signer
+        self._specs: dict[str, MapSpec] = {}
+        self._lock = threading.Lock()
+
+    # -- jobs ----------------------------------------------------------------------------
+
+    def start(self, job: str, spec: MapSpec) -> Job:
+        """Record and start ``job``; a job of that id that exists is resumed instead."""
+        text, missing = spec.dumps(self.signer)
+        if missing and not isinstance(self.executor, LocalExecutor):
+            raise ConfigurationError(
+                f"the job's {', '.join(missing)} must travel to {self.executor.url}: use "
+                "importable functions (module-level, 'package.module:name'), or give the "
+                "kit a secret (connect(secret=…) or $SHARDKIT_SECRET) to sign closures"
+            )
+        with self._lock:
+            self._specs[job] = spec
+        if not self.ledger.create(job, text):
+            self.resume(job)
+            return Job(self, job)
+        self._submit(job, [KeyRange().id(job)])
+        return Job(self, job)
+
+    def job(self, job: str) -> Job:
+        self.status(job)
+        return Job(self, job)
+
+    def status(self, job: str) -> JobStatus:
+        found = self.ledger.statuses(job)
+        if not found:
+            raise JobNotFound(f"no job {job!r} in {self.store.url}")
+        return found[0]
+
+    def statuses(self) -> list[JobStatus]:
+        return self.ledger.statuses()
+
+    def cancel(self, job: str) -> bool:
+        self.status(job)
+        return self.ledger.set_state(job, CANCELLED, when=[RUNNING])
+
+    def resume(self, job: str) -> int:
+        status = self.status(job)
+        if status.state in (COMPLETE, CANCELLED):
+            return 0
+        spec = self._spec(job)  # a job this process cannot run is refused here
+        self.ledger.set_state(job, RUNNING, when=[RUNNING, FAILED])
+        self.ledger.reset_failures(job)
+        pending = self.ledger.pending(job)
+        self._submit(job, pending)
+        if not pending:
+            self._complete(job, spec)
+        return len(pending)
+
+    def _spec(self, job: str) -> MapSpec:
+        with self._lock:
+            spec = self._specs.get(job)
+        if spec is not None:
+            return spec
+        text = self.ledger.spec(job)
+        if text is None:
+            raise JobNotFound(f"no job {job!r} in {self.store.url}")
+        spec = MapSpec.loads(text, self.store.engine, self.signer)
+        with self._lock:
+            return self._specs.setdefault(job, spec)
+
+    def _submit(self, job: str, ranges: Sequence[str], delay: float = 0.0) -> None:
+        for range_id in ranges:
+            self.executor.submit(TASK, {"job": job, "range": range_id}, delay=delay)
+
+    # -- the range task ------------------------------------------------------------------
+
+    def run_range(self, job: str, range_id: str) -> None:
+        """Visit range ``range_id`` of ``job`` page by page until it is done or split.
+        Idempotent: a range that is done (or a job that is not running) is left alone,
+        except that the pending children of a done range are submitted again (the run
+        that split it may have died before submitting them)."""
+        try:
+            spec = self._spec(job)
+            if range_id == KeyRange().id(job):
+                self._estimate(job, spec)
+            while True:
+                step = self._step(job, range_id, spec)
+                if step is None:
+                    continue  # another run moved the checkpoint first: read it again
+                state, children = step
+                if state == PENDING:
+                    continue
+                if state == DONE:
+                    self._submit(job, children)
+                    if not children:
+                        self._complete(job, spec)
+                return
+        except Exception as exc:
+            self._failed(job, range_id, exc)
+
+    def _estimate(self, job: str, spec: MapSpec) -> None:
+        """Record the source's row count as the job's estimated total, once."""
+        if self.status(job).estimate is None:
+            with self.store.engine.connect() as conn:
+                count = spec.source.count(conn)
+            self.ledger.set_estimate(job, count)
+
+    def _step(self, job: str, range_id: str, spec: MapSpec) -> tuple[str, list[str]] | None:
+        """Visit one page. Returns (state, children to submit): ``pending`` to go on in
+        place, ``done``, or the state that stops the task; None to read again."""
+        if spec.transactional:
+            return self.store.transaction(
+                f"mapping a range of job {job!r}",
+                lambda conn: self._page(conn, conn, job, range_id, spec),
+            )
+        with self.store.engine.connect() as conn:
+            return self._page(conn, None, job, range_id, spec)
+
+    def _page(
+        self,
+        conn: Connection,
+        tx: Connection | None,
+        job: str,
+        range_id: str,
+        spec: MapSpec,
+    ) -> tuple[str, list[str]] | None:
+        if tx is not None and not self.ledger.lock(tx, job, range_id):
+            return self._stopped(conn, job, range_id)
+        found = self.ledger.read_range(conn, job, range_id)
+        if found is None:
+            return FAILED, []
+        state, row = found
+        if state != PENDING:
+            return self._stopped(conn, job, range_id)
+        rows = spec.source.page(conn, row.range, row.after, spec.page_size)
+        after = spec.source.key_of(rows[-1]) if rows else row.after
+        children = self._plan(conn, spec, row, rows, after)
+        if tx is None:
+            conn.rollback()  # end the read transaction before fn runs, however long
+        spec.fn(Batch(rows, job, range_id, tx))
+        return self._checkpoint(tx, job, row, after, len(rows), children)
+
+    def _checkpoint(
+        self,
+        tx: Connection | None,
+        job: str,
+        row: RangeRow,
+        after: Key | None,
+        rows: int,
+        children: _Children | None,
+    ) -> tuple[str, list[str]] | None:
+        def write(conn: Connection) -> list[str] | None:
+            return self.ledger.checkpoint(
+                conn, job, row, after=after, rows=rows, children=children, count_page=tx is None
+            )
+
+        if tx is not None:
+            ids = write(tx)
+        else:
+            ids = self.store.transaction(f"checkpointing a range of job {job!r}", write)
+        if ids is None:
+            return None
+        return (PENDING, []) if children is None else (DONE, ids)
+
+    def _stopped(self, conn: Connection, job: str, range_id: str) -> tuple[str, list[str]]:
+        """A range that is not pending: its pending children, if it is done."""
+        found = self.ledger.read_range(conn, job, range_id)
+        if found is None or found[0] != DONE:
+            return (found[0] if found else FAILED), []
+        return DONE, self.ledger.pending(job, parent=range_id)
+
+    def _plan(
+        self, conn: Connection, spec: MapSpec, row: RangeRow, rows: list[Any], after: Key | None
+    ) -> _Children | None:
+        """What follows a page: ``[]`` (the range is exhausted), None (one more page will
+        do: stay), or the children that split what is left of the range."""
+        if len(rows) < spec.page_size:
+            return []
+        size = _SAMPLE_PER_CHILD * spec.fanout
+        sample = spec.source.sample(conn, row.range, after, size)
+        if sample is None:
+            return self._plan_by_bounds(conn, spec, row, after)
+        if not sample:
+            return []
+        left = len(sample) if len(sample) < size else math.inf
+        parts = min(spec.fanout, math.ceil(left / spec.page_size))
+        if parts <= 1:
+            return None
+        points = [sample[len(sample) * i // parts] for i in range(1, parts)]
+        return _children(row.range, points, after)
+
+    def _plan_by_bounds(
+        self, conn: Connection, spec: MapSpec, row: RangeRow, after: Key | None
+    ) -> _Children | None:
+        """Split between the real smallest and largest key left, by key arithmetic: for
+        sources that cannot sample (even only for keys dense in their space)."""
+        bounds = spec.source.bounds(conn, row.range, after)
+        if bounds is None:
+            return []
+        points = interpolate(bounds[0], bounds[1], spec.fanout)
+        return _children(row.range, points, after) if points else None
+
+    # -- completion and failure ----------------------------------------------------------
+
+    def _complete(self, job: str, spec: MapSpec) -> None:
+        """Mark the job complete if no range is pending, and run ``on_complete`` in the
+        same transaction: at most one call ever commits."""
+
+        def work(conn: Connection) -> bool:
+            if not self.ledger.claim_completion(conn, job):
+                return False
+            if spec.on_complete is not None:
+                spec.on_complete(Completion(job, self.ledger.rows_done(conn, job), conn))
+            return True
+
+        try:
+            if self.store.transaction(f"completing job {job!r}", work):
+                log.info("job %s complete", job)
+        except Exception as exc:
+            error = _describe(exc)
+            self.ledger.set_state(job, FAILED, when=[RUNNING], error=f"on_complete: {error}")
+            log.warning("job %s: on_complete failed: %s", job, error)
+
+    def _failed(self, job: str, range_id: str, exc: Exception) -> None:
+        """Count a failed attempt and retry the range later, until ``retries`` is spent;
+        then fail the job."""
+        error = _describe(exc)
+        try:
+            retries = self._spec(job).retries
+            failures = self.ledger.record_failure(job, range_id, error)
+            if failures == 0:
+                return
+            if failures > retries:
+                self.ledger.set_state(job, FAILED, when=[RUNNING], error=error)
+                log.warning("job %s failed: range %s: %s", job, range_id, error)
+                return
+            delay = min(_MAX_RETRY_DELAY, _RETRY_DELAY * 2 ** (failures - 1))
+            log.info("job %s: range %s failed (%s), retry in %.2f s", job, range_id, error, delay)
+            self._submit(job, [range_id], delay)
+        except ShardkitError as again:
+            # Left pending in the ledger: Job.resume() or a redelivery picks it up.
+            log.warning("job %s: range %s failed (%s) and %s", job, range_id, error, again)
+
+
+def _children(rng: KeyRange, points: Sequence[Key], after: Key | None) -> _Children:
+    """``rng`` cut at ``points``; the first piece keeps the checkpoint ``after``."""
+    pieces = rng.split(points)
+    return [(piece, after if i == 0 else None) for i, piece in enumerate(pieces)]
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
+__all__ = ["TASK", "Mapper"]

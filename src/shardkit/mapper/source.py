@@ -1,0 +1,178 @@
+"""Sources: what a mapping job visits, one page of rows at a time, ordered by a key.
+
+A source reads inside a ``KeyRange`` and after a checkpoint key (``key > after``), always
+by key order and ``LIMIT``, never ``OFFSET``: a page costs an index seek and the page,
+wherever it is. Its key must be unique (a primary key, or a composite key such as
+``("created_at", "id")``). Anything implementing ``Source`` is one; SQLAlchemy tables and
+selects are wrapped in a ``TableSource``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, RowMapping
+
+from shardkit.errors import ConfigurationError
+from shardkit.mapper.keys import Key, KeyRange
+
+
+@runtime_checkable
+class Source(Protocol):
+    """Rows to visit. Every method reads through the connection it is given (in a
+    transactional job, the connection of the transaction that commits the page)."""
+
+    def page(self, conn: Connection, rng: KeyRange, after: Key | None, limit: int) -> list[Any]:
+        """Up to ``limit`` rows of ``rng`` with keys above ``after``, in key order."""
+
+    def key_of(self, row: Any) -> Key:
+        """The key of a row returned by ``page``."""
+
+    def sample(
+        self, conn: Connection, rng: KeyRange, after: Key | None, size: int
+    ) -> Sequence[Key] | None:
+        """Up to ``size`` keys of ``rng`` above ``after``, drawn at random, returned in key
+        order (the database's): all of them when fewer exist. None if this source cannot
+        sample; the mapper then splits between the real ``bounds`` by key arithmetic."""
+
+    def bounds(self, conn: Connection, rng: KeyRange, after: Key | None) -> tuple[Key, Key] | None:
+        """The smallest and largest key of ``rng`` above ``after``; None if there is none."""
+
+    def count(self, conn: Connection) -> int:
+        """How many rows the source has (for the progress estimate)."""
+
+    def portable(self) -> dict[str, Any] | None:
+        """A JSON description from which ``TableSource.load`` rebuilds this source in
+        another process, or None (the job then carries it pickled, signed)."""
+
+
+class TableSource:
+    """A SQLAlchemy ``Table``, or a ``Select`` whose filters and joins are kept, keyed by
+    one column or several (compared as a row value)."""
+
+    def __init__(self, selectable: sa.Table | sa.Select[Any], key: str | Sequence[str] | None):
+        if isinstance(selectable, sa.Table):
+            self._from: sa.Table | sa.Subquery = selectable
+            default = [column.name for column in selectable.primary_key.columns]
+        elif isinstance(selectable, sa.Select):
+            self._from = selectable.subquery("shardkit_source")
+            default = []
+        else:
+            raise ConfigurationError(
+                f"a source is a SQLAlchemy Table or Select, or a shardkit Source: {selectable!r}"
+            )
+        self.selectable = selectable
+        names = [key] if isinstance(key, str) else list(key or default)
+        if not names:
+            raise ConfigurationError("name the key column(s) to map by: key='id'")
+        unknown = [name for name in names if name not in self._from.c]
+        if unknown:
+            raise ConfigurationError(f"the source has no column {unknown[0]!r} to key on")
+        self.key = tuple(names)
+        self._columns = [self._from.c[name] for name in names]
+
+    def __repr__(self) -> str:
+        name = getattr(self.selectable, "name", "select")
+        return f"<TableSource {name} key={','.join(self.key)}>"
+
+    def _key_expr(self) -> Any:
+        return self._columns[0] if len(self._columns) == 1 else sa.tuple_(*self._columns)
+
+    def _value(self, key: Key) -> Any:
+        if len(self._columns) == 1:
+            return sa.bindparam(None, key, type_=self._columns[0].type)
+        if not isinstance(key, tuple) or len(key) != len(self._columns):
+            raise ConfigurationError(f"a key of {self.key} must be a tuple: {key!r}")
+        return sa.tuple_(
+            *(sa.bindparam(None, v, type_=c.type) for c, v in zip(self._columns, key, strict=True))
+        )
+
+    def _where(self, rng: KeyRange, after: Key | None) -> list[Any]:
+        key = self._key_expr()
+        where = []
+        if rng.lo is not None:
+            where.append(key >= self._value(rng.lo))
+        if rng.hi is not None:
+            where.append(key < self._value(rng.hi))
+        if after is not None:
+            where.append(key > self._value(after))
+        return where
+
+    def page(
+        self, conn: Connection, rng: KeyRange, after: Key | None, limit: int
+    ) -> list[RowMapping]:
+        statement = (
+            sa.select(self._from)
+            .where(*self._where(rng, after))
+            .order_by(*self._columns)
+            .limit(limit)
+        )
+        return list(conn.execute(statement).mappings())
+
+    def key_of(self, row: Any) -> Key:
+        if len(self.key) == 1:
+            return row[self.key[0]]  # type: ignore[no-any-return]
+        return tuple(row[name] for name in self.key)
+
+    def sample(self, conn: Connection, rng: KeyRange, after: Key | None, size: int) -> list[Key]:
+        # ORDER BY random() reads the rest of the range once (a top-N sort): the price of
+        # split points that follow the data, however skewed.
+        shuffle = sa.func.rand() if conn.dialect.name in ("mysql", "mariadb") else sa.func.random()
+        picked = (
+            sa.select(*self._columns)
+            .where(*self._where(rng, after))
+            .order_by(shuffle)
+            .limit(size)
+            .subquery("shardkit_sample")
+        )
+        columns = [picked.c[name] for name in self.key]
+        rows = conn.execute(sa.select(*columns).order_by(*columns))
+        return [self.key_of(row._mapping) for row in rows]
+
+    def bounds(self, conn: Connection, rng: KeyRange, after: Key | None) -> tuple[Key, Key] | None:
+        def edge(descending: bool) -> Key | None:
+            order = [c.desc() for c in self._columns] if descending else self._columns
+            row = conn.execute(
+                sa.select(*self._columns).where(*self._where(rng, after)).order_by(*order).limit(1)
+            ).first()
+            return None if row is None else self.key_of(row._mapping)
+
+        low = edge(descending=False)
+        high = edge(descending=True)
+        return None if low is None or high is None else (low, high)
+
+    def count(self, conn: Connection) -> int:
+        statement = sa.select(sa.func.count()).select_from(self._from)
+        return int(conn.execute(statement).scalar_one())
+
+    def portable(self) -> dict[str, Any] | None:
+        if not isinstance(self.selectable, sa.Table):
+            return None
+        return {"table": self.selectable.name, "schema": self.selectable.schema, "key": self.key}
+
+    @classmethod
+    def load(cls, description: dict[str, Any], engine: sa.Engine) -> TableSource:
+        """Rebuild a table source from ``portable()``, reflecting the table."""
+        table = sa.Table(
+            description["table"],
+            sa.MetaData(),
+            schema=description["schema"],
+            autoload_with=engine,
+        )
+        return cls(table, description["key"])
+
+
+def as_source(obj: Any, key: str | Sequence[str] | None) -> Source:
+    """``obj`` as a source: a ``Source`` as it is, a Table or Select wrapped."""
+    if isinstance(obj, (sa.Table, sa.Select)):
+        return TableSource(obj, key)
+    if isinstance(obj, Source):
+        return obj
+    raise ConfigurationError(
+        f"a source is a SQLAlchemy Table or Select, or a shardkit Source: {obj!r}"
+    )
+
+
+__all__ = ["Source", "TableSource", "as_source"]
