@@ -25,6 +25,7 @@ from shardkit.errors import UnsupportedKey
 
 Scalar = int | str | bytes | UUID
 Key = Scalar | tuple[Scalar, ...]
+_INT_LIMIT = 2**256  # wider than any database's integer or NUMERIC key
 
 
 def encode_key(key: Key | None) -> Any:
@@ -32,7 +33,7 @@ def encode_key(key: Key | None) -> Any:
     ``{"b": base64}``, UUIDs as ``{"u": hex}``, tuples as lists."""
     if key is None or isinstance(key, str):
         return key
-    if isinstance(key, int) and not isinstance(key, bool):
+    if isinstance(key, int) and not isinstance(key, bool) and -_INT_LIMIT < key < _INT_LIMIT:
         return key
     if isinstance(key, bytes):
         return {"b": base64.b64encode(key).decode()}

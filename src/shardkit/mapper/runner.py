@@ -44,7 +44,8 @@ from shardkit.store.sql import SqlStore
 log = logging.getLogger("shardkit")
 
 TASK = "map_range"
-_SAMPLE_PER_CHILD = 16  # sample keys per child range: quantile error ~ 1/sqrt(16)
+_SAMPLE_PER_CHILD = 16  # at least: a child's size is then known within ~1/sqrt(16)
+_MAX_SAMPLE = 20_000
 _RETRY_DELAY = 0.05  # seconds before the first retry of a failed range; doubles
 _MAX_RETRY_DELAY = 30.0
 
@@ -235,14 +236,17 @@ class Mapper:
         do: stay), or the children that split what is left of the range."""
         if len(rows) < spec.page_size:
             return []
-        size = _SAMPLE_PER_CHILD * spec.fanout
+        # Large enough that a sample that is not full is all that is left, so the
+        # children can be cut to about a page each.
+        size = min(_MAX_SAMPLE, spec.fanout * max(spec.page_size, _SAMPLE_PER_CHILD))
         sample = spec.source.sample(conn, row.range, after, size)
         if sample is None:
             return self._plan_by_bounds(conn, spec, row, after)
         if not sample:
             return []
-        left = len(sample) if len(sample) < size else math.inf
-        parts = min(spec.fanout, math.ceil(left / spec.page_size))
+        parts = spec.fanout
+        if len(sample) < size:  # the sample is all that is left
+            parts = min(parts, math.ceil(len(sample) / spec.page_size))
         if parts <= 1:
             return None
         points = [sample[len(sample) * i // parts] for i in range(1, parts)]

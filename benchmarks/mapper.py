@@ -1,0 +1,446 @@
+"""Visit every row of a big PostgreSQL table: ``kit.map`` against a keyset loop and OFFSET.
+
+Every mode does the same work for each page of ``--page-size`` rows, in one transaction
+per page: read the page in key order, ``UPDATE bench_accounts SET balance = balance + 1
+WHERE id = ANY(<the page's ids>)``, then sleep ``--io-wait`` seconds (a function that
+waits on I/O: an API call, a file) before the transaction commits.
+
+* shardkit - ``kit.map(table, fn, transactional=True, page_size=…, fanout=…)`` on a
+             ``LocalExecutor(workers=…)``; ``fn`` writes through ``batch.conn``, so each
+             page's update commits with its checkpoint
+* keyset   - one loop: ``SELECT … WHERE id > :last ORDER BY id LIMIT :page``, the work
+* offset   - one loop: ``SELECT … ORDER BY id LIMIT :page OFFSET :offset``, the work;
+             stopped after ``--offset-seconds`` and extrapolated to the whole table
+
+Extrapolating ``offset``: PostgreSQL reads and throws away the ``offset`` rows before a
+page, so a page's cost grows linearly with its number i. The per-page times measured
+before the time limit are fitted by least squares to ``t(i) = a + b·i`` and the pages not
+reached are added as ``sum(a + b·i)`` over their numbers; the total is the measured time
+plus that sum (printed with the fit). A run that reaches the end of the table in time is
+reported as measured.
+
+The table ``bench_accounts(id bigint primary key, balance bigint)`` is made with
+``INSERT … SELECT generate_series`` (ids 1…``--rows``) and reused when it already holds
+exactly those ids. It is vacuumed before each mode, so no mode pays for the dead rows of
+the one before. Each mode is checked: ``sum(balance)`` moved by exactly the rows it
+visited (the whole table for ``shardkit`` and ``keyset``, every row increased by 1).
+
+For ``shardkit`` the table also gives the depth of its range tree (``status.depth``), its
+pages and ranges, and the peak of memory allocated by this process while the job ran
+(``tracemalloc``, all threads), next to what ``--page-size`` x ``--workers`` rows take
+in memory (a page read through the job's source, measured the same way): the job holds
+a page per worker, not the table. ``tracemalloc`` slows Python's allocations, so the
+peak is measured in a second, traced run of the job (``--no-memory`` skips it); the
+speed reported is that of the untraced run.
+
+    python benchmarks/mapper.py                 # 5 ms of I/O wait per page
+    python benchmarks/mapper.py --io-wait 0     # the database and CPU alone
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import statistics
+import sys
+import time
+import tracemalloc
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from rich.console import Console
+from rich.table import Table
+
+import shardkit
+from shardkit.executor import LocalExecutor
+from shardkit.mapper import Batch, KeyRange, TableSource
+from shardkit.store.sql import SqlStore, engine_from_url
+
+DEFAULT_STORE = "postgresql://postgres@127.0.0.1:5432/test"
+TABLE = "bench_accounts"
+MODES = ("shardkit", "keyset", "offset")
+BASELINE = "keyset"
+# The issue's targets: shardkit ≥ 3x the keyset loop with 5 ms of I/O wait per page.
+TARGET_RATIO = 3.0
+TARGET_IO_WAIT = 0.005
+UPDATE = sa.text(f"UPDATE {TABLE} SET balance = balance + 1 WHERE id = ANY(:ids)")
+KEYSET = sa.text(f"SELECT id, balance FROM {TABLE} WHERE id > :last ORDER BY id LIMIT :page")
+OFFSET = sa.text(f"SELECT id, balance FROM {TABLE} ORDER BY id LIMIT :page OFFSET :offset")
+MB = 1024 * 1024
+
+
+@dataclass
+class Result:
+    """One mode's run."""
+
+    mode: str
+    rows: int
+    """Rows visited: the whole table, or (offset) those visited before the time limit."""
+    seconds: float
+    """Measured, or (``extrapolated``) the estimate for the whole table."""
+    exact: bool
+    extrapolated: bool = False
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def work(conn: sa.Connection, ids: list[int], io_wait: float) -> None:
+    """What every mode does with a page: the update, then the wait."""
+    updated = conn.execute(UPDATE, {"ids": ids}).rowcount
+    if updated != len(ids):
+        raise RuntimeError(f"updated {updated} rows of a page of {len(ids)}")
+    if io_wait > 0:
+        time.sleep(io_wait)
+
+
+def total_balance(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text(f"SELECT sum(balance) FROM {TABLE}")).scalar_one())
+
+
+def vacuum(engine: sa.Engine) -> None:
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text(f"VACUUM (ANALYZE) {TABLE}"))
+
+
+def prepare_table(engine: sa.Engine, rows: int, console: Console) -> None:
+    """Make ``bench_accounts`` hold ids 1…rows, reusing it if it already does."""
+    with engine.connect() as conn:
+        found = conn.execute(
+            sa.text(f"SELECT to_regclass('{TABLE}') IS NOT NULL AS present")
+        ).scalar_one()
+        if found:
+            count, low, high = conn.execute(
+                sa.text(f"SELECT count(*), min(id), max(id) FROM {TABLE}")
+            ).one()
+            if (count, low, high) == (rows, 1, rows):
+                console.print(f"reusing [cyan]{TABLE}[/] ({rows:,} rows)")
+                return
+    started = time.perf_counter()
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"DROP TABLE IF EXISTS {TABLE}"))
+        conn.execute(sa.text(f"CREATE TABLE {TABLE} (id bigint NOT NULL, balance bigint NOT NULL)"))
+        conn.execute(
+            sa.text(f"INSERT INTO {TABLE} SELECT g, 0 FROM generate_series(1, :n) AS g"),
+            {"n": rows},
+        )
+        conn.execute(sa.text(f"ALTER TABLE {TABLE} ADD PRIMARY KEY (id)"))
+    vacuum(engine)
+    console.print(
+        f"created [cyan]{TABLE}[/] ({rows:,} rows) in {time.perf_counter() - started:.1f} s"
+    )
+
+
+def accounts_table() -> sa.Table:
+    return sa.Table(
+        TABLE,
+        sa.MetaData(),
+        sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=False),
+        sa.Column("balance", sa.BigInteger, nullable=False),
+    )
+
+
+def run_keyset(engine: sa.Engine, args: argparse.Namespace) -> Result:
+    visited, last = 0, 0
+    started = time.perf_counter()
+    while True:
+        with engine.begin() as conn:
+            ids = [row.id for row in conn.execute(KEYSET, {"last": last, "page": args.page_size})]
+            if not ids:
+                break
+            work(conn, ids, args.io_wait)
+        visited += len(ids)
+        last = ids[-1]
+    return Result("keyset", visited, time.perf_counter() - started, exact=True)
+
+
+def run_offset(engine: sa.Engine, args: argparse.Namespace) -> Result:
+    pages = math.ceil(args.rows / args.page_size)
+    times: list[float] = []
+    visited = 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < args.offset_seconds:
+        page_started = time.perf_counter()
+        with engine.begin() as conn:
+            result = conn.execute(OFFSET, {"page": args.page_size, "offset": visited})
+            ids = [row.id for row in result]
+            if not ids:
+                break
+            work(conn, ids, args.io_wait)
+        visited += len(ids)
+        times.append(time.perf_counter() - page_started)
+    measured = time.perf_counter() - started
+    if visited >= args.rows:
+        return Result("offset", visited, measured, exact=True, note="whole table, measured")
+    done = len(times)
+    if done < 2:
+        raise SystemExit("offset: fewer than 2 pages before the time limit: raise --offset-seconds")
+    fit = statistics.linear_regression(range(done), times)
+    a, b = fit.intercept, fit.slope
+    rest = sum(a + b * i for i in range(done, pages))
+    note = (
+        f"{done:,} of {pages:,} pages in {measured:.1f} s; least-squares fit of the per-page "
+        f"time t(i) = {a * 1e3:.2f} ms + {b * 1e6:.2f} µs x i (page i); the other "
+        f"{pages - done:,} pages ≈ Σ t(i) = {rest:.1f} s"
+    )
+    return Result("offset", visited, measured + rest, exact=True, extrapolated=True, note=note)
+
+
+def page_bytes(engine: sa.Engine, page_size: int) -> int:
+    """Memory taken by one page of rows as the job's source returns them."""
+    source = TableSource(accounts_table(), "id")
+    with engine.connect() as conn:
+        source.page(conn, KeyRange(), None, page_size)  # compile and cache the statement
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            page = source.page(conn, KeyRange(), None, page_size)
+            size = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+    if len(page) != page_size:
+        raise SystemExit(f"the table has fewer than --page-size ({page_size}) rows")
+    return size
+
+
+def run_shardkit(
+    args: argparse.Namespace, prefix: str, *, traced: bool
+) -> tuple[float, Any, int | None]:
+    """Run the job on a kit of its own; (seconds, status, tracemalloc peak or None)."""
+    io_wait = args.io_wait
+
+    def fn(batch: Batch) -> None:
+        work(batch.conn, [row["id"] for row in batch.rows], io_wait)
+
+    executor = LocalExecutor(workers=args.workers)
+    with shardkit.connect(args.store, "memory://", prefix=prefix, executor=executor) as kit:
+        table = accounts_table()
+        kit.store.read("warming up", sa.select(sa.literal(1)))
+        peak = None
+        if traced:
+            tracemalloc.start()
+        try:
+            started = time.perf_counter()
+            job = kit.map(
+                table,
+                fn,
+                transactional=True,
+                page_size=args.page_size,
+                fanout=args.fanout,
+            )
+            status = job.wait(poll=0.02)
+            seconds = time.perf_counter() - started
+            if traced:
+                peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            if traced:
+                tracemalloc.stop()
+    return seconds, status, peak
+
+
+def shardkit_result(
+    engine: sa.Engine, args: argparse.Namespace, prefix: str, *, traced: bool
+) -> Result:
+    vacuum(engine)
+    before = total_balance(engine)
+    seconds, status, peak = run_shardkit(args, prefix, traced=traced)
+    moved = total_balance(engine) - before
+    exact = moved == args.rows and status.rows == args.rows and status.state == "complete"
+    return Result(
+        "shardkit (traced)" if traced else "shardkit",
+        status.rows,
+        seconds,
+        exact=exact,
+        extra={
+            "depth": status.depth,
+            "pages": status.pages,
+            "ranges": status.done + status.pending,
+            "peak": peak,
+            "moved": moved,
+        },
+    )
+
+
+def checked(engine: sa.Engine, run: Callable[[], Result], whole: bool, rows: int) -> Result:
+    """Run a loop mode between two sums of the balances."""
+    vacuum(engine)
+    before = total_balance(engine)
+    result = run()
+    moved = total_balance(engine) - before
+    result.exact = moved == result.rows and (not whole or result.rows == rows)
+    result.extra["moved"] = moved
+    return result
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--store", default=DEFAULT_STORE, help=f"PostgreSQL URL ({DEFAULT_STORE})")
+    parser.add_argument("--rows", type=int, default=1_000_000, help="table rows (1,000,000)")
+    parser.add_argument("--page-size", type=int, default=500, help="rows per page (500)")
+    parser.add_argument("--workers", type=int, default=8, help="shardkit's local workers (8)")
+    parser.add_argument("--fanout", type=int, default=8, help="shardkit's fanout (8)")
+    parser.add_argument(
+        "--io-wait", type=float, default=0.005, help="seconds of sleep per page (0.005)"
+    )
+    parser.add_argument(
+        "--offset-seconds",
+        type=float,
+        default=20.0,
+        help="time limit of the offset mode, then extrapolated (20)",
+    )
+    parser.add_argument(
+        "--no-memory", action="store_true", help="skip shardkit's traced run (no peak memory)"
+    )
+    parser.add_argument("--modes", help=f"comma-separated, of {','.join(MODES)} (default all)")
+    args = parser.parse_args(argv)
+    if args.rows < 1 or args.page_size < 1 or args.workers < 1 or args.fanout < 2:
+        parser.error("--rows, --page-size and --workers must be >= 1, --fanout >= 2")
+    if args.io_wait < 0 or not args.offset_seconds > 0:
+        parser.error("--io-wait must be >= 0, --offset-seconds > 0")
+    if not args.store.split(":", 1)[0].lower().startswith("postgresql"):
+        parser.error("the benchmark needs PostgreSQL (--store postgresql://…)")
+    if args.modes is None:
+        args.modes = list(MODES)
+    else:
+        wanted = {m.strip() for m in args.modes.split(",") if m.strip()}
+        if unknown := wanted - set(MODES):
+            parser.error(f"unknown modes {', '.join(sorted(unknown))}; choose from {MODES}")
+        args.modes = [m for m in MODES if m in wanted]
+    if not args.modes:
+        parser.error("no modes selected")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # Wide enough for the table when the output is not a terminal (a log file, a pipe).
+    console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 140)
+    prefix = f"skbench{uuid.uuid4().hex[:8]}_"
+    results: list[Result] = []
+    with contextlib.ExitStack() as stack:
+        engine = engine_from_url(args.store)
+        stack.callback(engine.dispose)
+        prepare_table(engine, args.rows, console)
+        console.print(
+            f"store [cyan]{engine.url.render_as_string()}[/], {args.rows:,} rows, page "
+            f"{args.page_size}, I/O wait {args.io_wait * 1e3:g} ms per page; shardkit: "
+            f"{args.workers} local workers, fanout {args.fanout}; modes {', '.join(args.modes)}"
+        )
+        if "shardkit" in args.modes:
+            # Create shardkit's tables now, to drop them at the end whatever happens.
+            with shardkit.connect(args.store, "memory://", prefix=prefix) as kit:
+                store = kit.store
+                assert isinstance(store, SqlStore)
+                stack.callback(store.metadata.drop_all, engine)
+        for mode in args.modes:
+            console.print(f"running [bold]{mode}[/]…")
+            if mode == "shardkit":
+                results.append(shardkit_result(engine, args, prefix, traced=False))
+                if not args.no_memory:
+                    results.append(shardkit_result(engine, args, prefix, traced=True))
+            elif mode == "keyset":
+                results.append(checked(engine, lambda: run_keyset(engine, args), True, args.rows))
+            else:
+                results.append(checked(engine, lambda: run_offset(engine, args), False, args.rows))
+            last = results[-1]
+            console.print(
+                f"  {last.mode}: {last.rows:,} rows in {last.seconds:.1f} s"
+                f"{' (extrapolated)' if last.extrapolated else ''}; sum(balance) moved by "
+                f"{last.extra['moved']:,}: {'[green]exact[/]' if last.exact else '[red]WRONG[/]'}"
+            )
+        one_page = page_bytes(engine, args.page_size)
+    console.print(results_table(results, args))
+    for line in notes(results, args, one_page):
+        console.print(line)
+    if all(r.exact for r in results):
+        return 0
+    console.print("[red]a check failed: sum(balance) did not move by the rows visited[/]")
+    return 1
+
+
+def results_table(results: list[Result], args: argparse.Namespace) -> Table:
+    table = Table(
+        title=(
+            f"Visiting {args.rows:,} rows, {args.page_size} per page, "
+            f"{args.io_wait * 1e3:g} ms I/O wait per page"
+        )
+    )
+    columns = ("mode", "rows", "seconds", "rows/s", f"vs {BASELINE}", "checked")
+    extra = ("depth", "pages", "ranges", "peak MB")
+    for column in (*columns, *extra):
+        table.add_column(column, justify="left" if column == "mode" else "right")
+    base = next((r for r in results if r.mode == BASELINE), None)
+    for r in results:
+        whole = args.rows if r.extrapolated else r.rows
+        rate = whole / r.seconds
+        vs = f"{rate / (base.rows / base.seconds):.2f}x" if base else "-"
+        seconds = f"≈ {r.seconds:,.1f}" if r.extrapolated else f"{r.seconds:,.1f}"
+        if r.extrapolated:
+            checked_text = f"[green]✓[/] {r.rows:,} visited" if r.exact else "[red]✗[/]"
+        else:
+            checked_text = "[green]✓[/] +1 each" if r.exact else "[red]✗[/]"
+        cells = [
+            r.mode + (" (extrapolated)" if r.extrapolated else ""),
+            f"{whole:,}",
+            seconds,
+            f"{rate:,.0f}",
+            vs,
+            checked_text,
+        ]
+        if r.mode.startswith("shardkit"):
+            peak = r.extra["peak"]
+            cells += [
+                str(r.extra["depth"]),
+                f"{r.extra['pages']:,}",
+                f"{r.extra['ranges']:,}",
+                "-" if peak is None else f"{peak / MB:.1f}",
+            ]
+        else:
+            cells += ["-"] * len(extra)
+        table.add_row(*cells)
+    return table
+
+
+def notes(results: list[Result], args: argparse.Namespace, one_page: int) -> list[str]:
+    lines = [f"[dim]offset: {r.note}[/]" for r in results if r.mode == "offset" and r.note]
+    reference = one_page * args.workers
+    whole_table = one_page / args.page_size * args.rows
+    for r in results:
+        if r.mode.startswith("shardkit") and r.extra["peak"] is not None:
+            lines.append(
+                f"shardkit memory: peak {r.extra['peak'] / MB:.1f} MB allocated during the job "
+                f"(tracemalloc); {args.page_size} rows x {args.workers} workers = "
+                f"{reference / MB:.1f} MB ({one_page / 1024:.0f} KB a page); the whole table "
+                f"as rows would be ≈ {whole_table / MB:,.0f} MB"
+            )
+        if r.mode == "shardkit (traced)":
+            lines.append(
+                "[dim]shardkit (traced) is the same job run again under tracemalloc, for its "
+                "peak; its speed is not the one compared[/]"
+            )
+    ran = {r.mode: r for r in results}
+    if "shardkit" in ran and BASELINE in ran:
+        fast, base = ran["shardkit"], ran[BASELINE]
+        ratio = (fast.rows / fast.seconds) / (base.rows / base.seconds)
+        mark = "[green]✓[/]" if ratio >= TARGET_RATIO else "[red]✗[/]"
+        where = (
+            ""
+            if math.isclose(args.io_wait, TARGET_IO_WAIT)
+            else f" (the target is for {TARGET_IO_WAIT * 1e3:g} ms; this run waits "
+            f"{args.io_wait * 1e3:g} ms)"
+        )
+        lines.append(
+            f"target: shardkit ÷ keyset ≥ {TARGET_RATIO:g}x with {TARGET_IO_WAIT * 1e3:g} ms "
+            f"I/O wait per page{where}: {ratio:.2f}x {mark}; depth "
+            f"{fast.extra['depth']} reported"
+        )
+    return lines
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""The functions of the mapper's fault tests, and a process that runs a job with them.
+
+They are importable by path (``mapper_workers:add_ten``) in every process that runs the
+job's ranges: the test's own subprocesses (``python mapper_workers.py …``) and Celery
+workers (which find this directory on ``PYTHONPATH``). Everything they need comes from
+environment variables:
+
+* ``SHARDKIT_MAPPER_TABLE``: the source table (key column ``k``, column ``balance``);
+  ``add_ten`` adds 10 to the page's rows, ``record_completion`` inserts a row into
+  ``<table>_done``;
+* ``SHARDKIT_MAPPER_FAULTS``: a directory where faults are counted. A page fails
+  (exception, after its update) with probability ``FAIL_PROBABILITY``, and every process
+  SIGKILLs itself once, after its update of a page picked at random among its first
+  pages, as long as one of the ``SHARDKIT_MAPPER_KILLS`` kill slots is free (each is a
+  file created with O_EXCL, so the slots are shared by every process).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+FAIL_PROBABILITY = 0.04
+KILL_WITHIN = (5, 40)  # a process kills itself at one of its pages in this range
+
+_pages = itertools.count(1)
+_kill_at = random.randint(*KILL_WITHIN)
+
+
+class InjectedFault(Exception):
+    """The failure a test injects into a page."""
+
+
+def _table(suffix: str = "") -> Any:
+    name = os.environ["SHARDKIT_MAPPER_TABLE"] + suffix
+    return sa.table(name, sa.column("k"), sa.column("balance"), sa.column("job"), sa.column("rows"))
+
+
+def _claim_kill(faults: Path) -> bool:
+    for slot in range(int(os.environ.get("SHARDKIT_MAPPER_KILLS", "0"))):
+        try:
+            os.close(os.open(faults / f"kill-{slot}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            continue
+        return True
+    return False
+
+
+def add_ten(batch: Any) -> None:
+    """Add 10 to the balance of the page's rows through the job's transaction; then,
+    sometimes, fail or die before that transaction commits."""
+    table = _table()
+    keys = [row["k"] for row in batch.rows]
+    batch.conn.execute(
+        sa.update(table).where(table.c.k.in_(keys)).values(balance=table.c.balance + 10)
+    )
+    faults = Path(os.environ["SHARDKIT_MAPPER_FAULTS"])
+    if next(_pages) == _kill_at and _claim_kill(faults):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if random.random() < FAIL_PROBABILITY:
+        with open(faults / "failures", "a") as log:
+            log.write(f"{os.getpid()} {batch.range}\n")
+        raise InjectedFault(f"injected into range {batch.range}")
+
+
+def record_completion(completion: Any) -> None:
+    """Record the job's completion, in the transaction that marks it complete."""
+    done = _table("_done")
+    completion.conn.execute(sa.insert(done).values(job=completion.job, rows=completion.rows))
+
+
+def main(store: str, prefix: str, job: str) -> None:
+    """Start (or resume) ``job`` over the table on a local executor, and wait for it."""
+    import shardkit
+    from shardkit.executor import LocalExecutor
+
+    with shardkit.connect(store, prefix=prefix, executor=LocalExecutor(workers=4)) as kit:
+        table = sa.Table(
+            os.environ["SHARDKIT_MAPPER_TABLE"], sa.MetaData(), autoload_with=kit.store.engine
+        )
+        kit.map(
+            table,
+            "mapper_workers:add_ten",
+            key="k",
+            transactional=True,
+            page_size=500,
+            on_complete="mapper_workers:record_completion",
+            job=job,
+        ).wait(timeout=300)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
