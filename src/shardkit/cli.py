@@ -57,7 +57,8 @@ class _Group(click.Group):
 @click.version_option(shardkit.__version__, prog_name="shardkit")
 @click.pass_context
 def main(ctx: click.Context, store: str | None, cache: str | None, prefix: str) -> None:
-    """Hot counters that take far more writes per second than one row can."""
+    """Hot counters that take far more writes per second than one row can, and parallel
+    visits of huge tables."""
     context = Context(store, cache, prefix)
     ctx.obj = context
     ctx.call_on_close(context.close)
@@ -216,12 +217,102 @@ def purge_keys(context: Context) -> None:
     out.print(f"purged {context.kit.purge_keys()} idempotency keys")
 
 
+@main.group(invoke_without_command=True)
+@click.pass_context
+def jobs(ctx: click.Context) -> None:
+    """List mapping jobs (newest first), or act on one: status, watch, cancel, resume."""
+    if ctx.invoked_subcommand is not None:
+        return
+    statuses = ctx.ensure_object(Context).kit.jobs()
+    table = Table("id", "state", "rows", "estimate", "pending", "done", "depth", "started")
+    for status in statuses:
+        table.add_row(
+            status.id,
+            _state(status.state),
+            f"{status.rows:,}",
+            "?" if status.estimate is None else f"{status.estimate:,}",
+            str(status.pending),
+            str(status.done),
+            str(status.depth),
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(status.created_at)),
+        )
+    out.print(table if statuses else "no jobs")
+
+
+def _state(state: str) -> str:
+    colour = {"complete": "green", "running": "cyan", "failed": "red"}.get(state, "yellow")
+    return f"[{colour}]{state}[/]"
+
+
+@jobs.command("status")
+@click.argument("job_id", metavar="ID")
+@pass_context
+def job_status(context: Context, job_id: str) -> None:
+    """Show job ID's progress from its ledger."""
+    status = context.kit.job(job_id).status()
+    elapsed = (status.finished_at or time.time()) - status.created_at
+    lines = [
+        f"job      {status.id}",
+        f"state    {_state(status.state)}",
+        f"rows     {status.rows:,}"
+        + ("" if status.estimate is None else f" of about {status.estimate:,}"),
+        f"ranges   {status.pending} pending, {status.done} done, depth {status.depth}",
+        f"pages    {status.pages:,}",
+        f"elapsed  {elapsed:,.1f} s",
+    ]
+    if status.error:
+        lines.append(f"error    {status.error}")
+    out.print("\n".join(lines))
+
+
+@jobs.command("watch")
+@click.argument("job_id", metavar="ID")
+@pass_context
+def job_watch(context: Context, job_id: str) -> None:
+    """Follow job ID with a progress bar until it finishes."""
+    from shardkit.mapper.progress import watch
+
+    status = watch(context.kit.job(job_id), out)
+    out.print(f"{job_id}: {_state(status.state)}, {status.rows:,} rows")
+    if status.state != "complete":
+        sys.exit(1)
+
+
+@jobs.command("cancel")
+@click.argument("job_id", metavar="ID")
+@pass_context
+def job_cancel(context: Context, job_id: str) -> None:
+    """Cancel job ID: its pending ranges are no longer picked up."""
+    if context.kit.job(job_id).cancel():
+        out.print(f"{job_id}: cancelled")
+    else:
+        out.print(f"{job_id}: already {context.kit.job(job_id).status().state}")
+
+
+@jobs.command("resume")
+@click.argument("job_id", metavar="ID")
+@pass_context
+def job_resume(context: Context, job_id: str) -> None:
+    """Run job ID's pending ranges again, here (on a local executor) or on the kit's
+    workers, and follow it. Its functions must be importable (or signed, with
+    $SHARDKIT_SECRET)."""
+    from shardkit.mapper.progress import watch
+
+    job = context.kit.job(job_id)
+    out.print(f"{job_id}: {job.resume()} ranges submitted")
+    status = watch(job, out)
+    out.print(f"{job_id}: {_state(status.state)}, {status.rows:,} rows")
+    if status.state != "complete":
+        sys.exit(1)
+
+
 @main.command()
 @click.option("--writers", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option("--seconds", type=click.FloatRange(0.1, 60), default=3.0, show_default=True)
 @pass_context
 def demo(context: Context, writers: int, seconds: float) -> None:
-    """Race writer processes on one hot counter: a naive single row versus sharded.
+    """Race writer processes on one hot counter (a naive single row, sharded, buffered),
+    then map over a generated table with a progress bar.
 
     Runs on a temporary SQLite file unless --store is given.
     """

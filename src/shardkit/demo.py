@@ -1,5 +1,5 @@
 """``shardkit demo``: writer processes hammer one hot counter: a naive row, a sharded
-counter, a buffered counter.
+counter, a buffered counter; then a map over a generated table, with its progress bar.
 
 The process machinery (``Crew``: start N spawned writers once, release them together
 for each timed phase, collect their acknowledged counts) is reused by
@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import queue
+import random
 import statistics
 import tempfile
 import time
@@ -26,7 +27,9 @@ import sqlalchemy as sa
 from rich.console import Console
 from rich.table import Table
 
-from shardkit.kit import connect
+from shardkit.kit import Kit, connect
+from shardkit.mapper import Batch
+from shardkit.mapper.progress import watch
 from shardkit.store.sql import SqlStore, engine_from_url
 
 Op = Callable[[], object]
@@ -39,6 +42,8 @@ it connects, warms up without changing any total, and yields the write to repeat
 
 DEMO_SHARDS = 20
 DEMO_INTERVAL = 1.0
+DEMO_ROWS = 20_000
+DEMO_PAGE = 250
 _READY_TIMEOUT = 120.0  # spawning and connecting many writers on a busy machine
 
 
@@ -339,7 +344,55 @@ def run_demo(
             "[dim]Buffered writers count in the cache and flush to the store every "
             f"{DEMO_INTERVAL:g} s (with memory:// each process has its own cache).[/]"
         )
-        return all(total == phase.ops for _, phase, total in results)
+        mapped = _map_demo(kit, engine, tag, console)
+        return mapped and all(total == phase.ops for _, phase, total in results)
+
+
+def _map_demo(kit: Kit, engine: sa.Engine, tag: str, console: Console) -> bool:
+    """Add 10 to every row of a generated table with ``kit.map`` (transactional), showing
+    its progress; True iff every row ended exactly +10."""
+    accounts = sa.Table(
+        f"shardkit_demo_accounts_{tag}",
+        sa.MetaData(),
+        sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=False),
+        sa.Column("balance", sa.BigInteger, nullable=False),
+    )
+    accounts.create(engine)
+    try:
+        rows = random.Random(tag).sample(range(10**12), DEMO_ROWS)  # sparse random keys
+        with engine.begin() as conn:
+            conn.execute(accounts.insert(), [{"id": key, "balance": 0} for key in rows])
+
+        def add_credit(batch: Batch) -> None:
+            ids = [row["id"] for row in batch.rows]
+            batch.conn.execute(
+                sa.update(accounts)
+                .where(accounts.c.id.in_(ids))
+                .values(balance=accounts.c.balance + 10)
+            )
+
+        console.print(
+            f"\n[bold]kit.map[/]: add 10 to each of {DEMO_ROWS:,} rows, page by page, on "
+            f"{kit.executor.url}; ranges split as they go"
+        )
+        job = kit.map(accounts, add_credit, transactional=True, page_size=DEMO_PAGE)
+        status = watch(job, console)
+        with engine.connect() as conn:
+            balances: dict[int, int] = dict(
+                conn.execute(
+                    sa.select(accounts.c.balance, sa.func.count()).group_by(accounts.c.balance)
+                ).all()
+            )
+        exact = balances == {10: DEMO_ROWS}
+        mark = "[green]✓ every row exactly +10[/]" if exact else f"[red]✗ {balances}[/]"
+        console.print(
+            f"{status.state}: {status.rows:,} rows in {status.pages:,} pages, "
+            f"{status.done:,} ranges, tree depth {status.depth}  {mark}"
+        )
+        _forget_job(kit, job.id)
+        return exact
+    finally:
+        accounts.drop(engine)
 
 
 def _table(results: list[tuple[str, Phase, int]], writers: int, naive_rate: float) -> Table:
@@ -359,6 +412,15 @@ def _table(results: list[tuple[str, Phase, int]], writers: int, naive_rate: floa
             "[green]✓[/]" if total == phase.ops else "[red]✗[/]",
         )
     return table
+
+
+def _forget_job(kit: Kit, job: str) -> None:
+    """Delete the demo's job from the ledger."""
+    store = kit.store
+    assert isinstance(store, SqlStore)
+    with store.engine.begin() as conn:
+        conn.execute(sa.delete(store.ranges_table).where(store.ranges_table.c.job == job))
+        conn.execute(sa.delete(store.jobs_table).where(store.jobs_table.c.id == job))
 
 
 def _forget_counter(store: SqlStore, name: str) -> None:

@@ -1,0 +1,819 @@
+"""kit.map: every row of a table visited in key-range tasks that split as they go, over
+every SQL store, and the signed specs in which jobs travel to other processes."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import random
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from uuid import UUID, uuid4
+
+import cloudpickle
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
+
+import shardkit
+from conftest import PREFIX, Target, wait_for
+from shardkit.errors import (
+    ConfigurationError,
+    JobFailed,
+    JobNotFound,
+    UntrustedPayload,
+    ValidationError,
+)
+from shardkit.executor import Marks
+from shardkit.mapper import Batch, Completion, MapSpec, Signer, TableSource
+from shardkit.mapper.keys import KeyRange
+from shardkit.mapper.spec import reference
+from shardkit.store.sql import SqlStore
+
+WAIT = 60.0  # seconds: a deadline, never a pause
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SHARDKIT_SECRET", raising=False)
+
+
+@pytest.fixture
+def kit(store_url: str) -> Iterator[shardkit.Kit]:
+    """A kit on each SQL store, with a private cache (the mapper uses none)."""
+    with Target(store_url, "memory://").connect() as the_kit:
+        yield the_kit
+
+
+def sql_store(kit: shardkit.Kit) -> SqlStore:
+    assert isinstance(kit.store, SqlStore)
+    return kit.store
+
+
+class Tables:
+    """The source tables of one test, in the store's database."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+        self.metadata = sa.MetaData()
+
+    def create(self, what: str, *columns: sa.Column[Any]) -> sa.Table:
+        table = sa.Table(f"{PREFIX}{what}_{uuid4().hex[:8]}", self.metadata, *columns)
+        table.create(self.engine)
+        return table
+
+
+@pytest.fixture
+def tables(kit: shardkit.Kit) -> Iterator[Tables]:
+    made = Tables(sql_store(kit).engine)
+    yield made
+    kit.executor.close()  # drained: no task still reads a table as it is dropped
+    made.metadata.drop_all(made.engine)
+
+
+# -- keys ----------------------------------------------------------------------------------
+
+
+def _pk(name: str, type_: Any) -> sa.Column[Any]:
+    return sa.Column(name, type_, primary_key=True, autoincrement=False)
+
+
+# MySQL cannot index a BLOB whole: a bytes key is a VARBINARY there.
+BINARY = sa.LargeBinary().with_variant(mysql.VARBINARY(16), "mysql", "mariadb")
+# Collations may fold case and accents (MariaDB's utf8mb4_general_ci weighs every emoji
+# alike): the numbered suffix keeps keys unique under any of them.
+WORDS = ["ключ", "日本語", "émile", "Zürich", "zebra", "Ωmega", "😀", "🎉", "a", "A", "ß", "naïve"]
+
+
+def _sequential(n: int, rng: random.Random) -> list[Any]:
+    return list(range(1, n + 1))
+
+
+def _sparse(n: int, rng: random.Random) -> list[Any]:
+    return rng.sample(range(-(2**61), 2**61), n)
+
+
+def _skewed(n: int, rng: random.Random) -> list[Any]:
+    """90% of the keys in 1% of the key space [0, 1,000,000)."""
+    dense = n * 9 // 10
+    return rng.sample(range(10_000), dense) + rng.sample(range(10_000, 1_000_000), n - dense)
+
+
+def _strings(n: int, rng: random.Random) -> list[Any]:
+    return [f"{rng.choice(WORDS)}-{i:05d}" for i in range(n)]
+
+
+def _bytes(n: int, rng: random.Random) -> list[Any]:
+    found = {b"\x00", b"\x00\x00\x01", b"\xff", b"\xff" * 16, b"\x7f\x80"}
+    while len(found) < n:
+        found.add(rng.randbytes(rng.randint(1, 16)))
+    keys = list(found)
+    rng.shuffle(keys)
+    return keys
+
+
+def _uuids(n: int, rng: random.Random) -> list[Any]:
+    return [UUID(int=rng.getrandbits(128), version=4) for _ in range(n)]
+
+
+def _pairs(n: int, rng: random.Random) -> list[Any]:
+    """Few first components, so splits fall inside a group of equal ones."""
+    return [(a, b) for a in range(4) for b in rng.sample(range(-(10**6), 10**6), n // 4)]
+
+
+@dataclass(frozen=True)
+class KeyKind:
+    columns: Callable[[], list[sa.Column[Any]]]
+    keys: Callable[[int, random.Random], list[Any]]
+
+
+KEY_KINDS = {
+    "sequential": KeyKind(lambda: [_pk("k", sa.BigInteger)], _sequential),
+    "sparse": KeyKind(lambda: [_pk("k", sa.BigInteger)], _sparse),
+    "skewed": KeyKind(lambda: [_pk("k", sa.BigInteger)], _skewed),
+    "string": KeyKind(lambda: [_pk("k", sa.String(40))], _strings),
+    "bytes": KeyKind(lambda: [_pk("k", BINARY)], _bytes),
+    "uuid": KeyKind(lambda: [_pk("k", sa.Uuid)], _uuids),
+    "composite": KeyKind(lambda: [_pk("a", sa.Integer), _pk("b", sa.Integer)], _pairs),
+}
+
+
+def key_names(table: sa.Table) -> list[str]:
+    return [column.name for column in table.primary_key.columns]
+
+
+def key_arg(table: sa.Table) -> str | tuple[str, ...]:
+    names = key_names(table)
+    return names[0] if len(names) == 1 else tuple(names)
+
+
+def key_of(row: Mapping[str, Any], names: list[str]) -> Any:
+    return row[names[0]] if len(names) == 1 else tuple(row[name] for name in names)
+
+
+def key_table(
+    tables: Tables, kind: str, n: int, *extra: sa.Column[Any], seed: int = 0
+) -> tuple[sa.Table, dict[Any, int]]:
+    """A table of ``n`` rows keyed the ``kind`` way, each with ``v`` = its index; returns
+    it and {key: v}."""
+    spec = KEY_KINDS[kind]
+    table = tables.create("acct", *spec.columns(), sa.Column("v", sa.Integer, nullable=False))
+    names = key_names(table)
+    keys = spec.keys(n, random.Random(seed))
+    assert len(set(keys)) == len(keys) == n
+    initial = {key: i for i, key in enumerate(keys)}
+    rows = [
+        {**dict(zip(names, key if len(names) > 1 else (key,), strict=True)), "v": v}
+        for key, v in initial.items()
+    ]
+    with tables.engine.begin() as conn:
+        conn.execute(table.insert(), rows)
+    return table, initial
+
+
+def values(kit: shardkit.Kit, table: sa.Table) -> dict[Any, int]:
+    """{key: v} for every row of ``table``."""
+    names = key_names(table)
+    with sql_store(kit).engine.connect() as conn:
+        rows = conn.execute(sa.select(*(table.c[name] for name in names), table.c.v))
+        return {key_of(row._mapping, names): row.v for row in rows}
+
+
+def plus(initial: dict[Any, int], delta: int) -> dict[Any, int]:
+    return {key: v + delta for key, v in initial.items()}
+
+
+def add_ten(table: sa.Table) -> Callable[[Batch], None]:
+    """A transactional job's fn: adds 10 to ``v`` of every row of the page, through the
+    page's transaction."""
+    names = key_names(table)
+    statement = (
+        sa.update(table)
+        .where(*(table.c[name] == sa.bindparam(f"key_{name}") for name in names))
+        .values(v=table.c.v + 10)
+    )
+
+    def fn(batch: Batch) -> None:
+        if batch.rows:
+            params = [{f"key_{name}": row[name] for name in names} for row in batch.rows]
+            batch.conn.execute(statement, params)
+
+    return fn
+
+
+def mark_table(tables: Tables) -> sa.Table:
+    """Where on_complete records that it ran."""
+    return tables.create(
+        "done",
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("job", sa.String(64), nullable=False),
+        sa.Column("total", sa.Integer, nullable=False),
+    )
+
+
+def marks_of(kit: shardkit.Kit, marks: sa.Table) -> list[tuple[str, int]]:
+    with sql_store(kit).engine.connect() as conn:
+        return [(row.job, row.total) for row in conn.execute(sa.select(marks))]
+
+
+def range_ids(kit: shardkit.Kit, job: str) -> list[str]:
+    ranges = sql_store(kit).ranges_table
+    with sql_store(kit).engine.connect() as conn:
+        return list(conn.execute(sa.select(ranges.c.id).where(ranges.c.job == job)).scalars())
+
+
+def ledger_rows(kit: shardkit.Kit) -> tuple[int, int]:
+    """How many jobs and ranges the ledger holds."""
+    store = sql_store(kit)
+    with store.engine.connect() as conn:
+        jobs = conn.execute(sa.select(sa.func.count()).select_from(store.jobs_table))
+        ranges = conn.execute(sa.select(sa.func.count()).select_from(store.ranges_table))
+        return int(jobs.scalar_one()), int(ranges.scalar_one())
+
+
+class Recorder:
+    """A non-transactional job's fn: records the keys it is given, and whether
+    ``batch.conn`` was refused, thread-safely."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.keys: list[Any] = []
+        self.conn_refused: list[bool] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, batch: Batch) -> None:
+        try:
+            batch.conn  # noqa: B018
+            refused = False
+        except ConfigurationError:
+            refused = True
+        with self._lock:
+            self.keys.extend(key_of(row, self.names) for row in batch.rows)
+            self.conn_refused.append(refused)
+
+
+# -- every row, exactly once -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", list(KEY_KINDS))
+def test_transactional_map_visits_every_row_exactly_once(
+    kit: shardkit.Kit, tables: Tables, kind: str
+) -> None:
+    table, initial = key_table(tables, kind, 1000)
+    marks = mark_table(tables)
+    calls: list[tuple[str, int]] = []
+
+    def on_complete(done: Completion) -> None:
+        calls.append((done.job, done.rows))
+        done.conn.execute(marks.insert().values(job=done.job, total=done.rows))
+
+    job = kit.map(
+        table,
+        add_ten(table),
+        key=key_arg(table),
+        transactional=True,
+        page_size=50,
+        on_complete=on_complete,
+    )
+    status = job.wait(WAIT)
+
+    assert values(kit, table) == plus(initial, 10)
+    assert (status.state, status.rows, status.pending, status.error) == ("complete", 1000, 0, None)
+    assert status.estimate == 1000
+    assert status.finished_at is not None
+    assert calls == [(job.id, 1000)]
+    assert marks_of(kit, marks) == [(job.id, 1000)]
+
+
+def test_a_filtered_select_visits_only_its_rows(kit: shardkit.Kit, tables: Tables) -> None:
+    table = tables.create(
+        "acct",
+        _pk("id", sa.Integer),
+        sa.Column("v", sa.Integer, nullable=False),
+        sa.Column("active", sa.Boolean, nullable=False),
+    )
+    with tables.engine.begin() as conn:
+        conn.execute(
+            table.insert(), [{"id": i, "v": 0, "active": i % 3 == 0} for i in range(1, 901)]
+        )
+    active = sa.select(table).where(table.c.active)
+    with pytest.raises(ConfigurationError, match="key"):
+        kit.map(active, add_ten(table))  # a select has no primary key to default to
+
+    job = kit.map(active, add_ten(table), key="id", transactional=True, page_size=40)
+    status = job.wait(WAIT)
+
+    with tables.engine.connect() as conn:
+        got = dict(conn.execute(sa.select(table.c.id, table.c.v)).tuples().all())
+    assert got == {i: 10 if i % 3 == 0 else 0 for i in range(1, 901)}
+    assert (status.state, status.rows, status.estimate) == ("complete", 300, 300)
+
+
+def test_non_transactional_map_visits_every_key_and_refuses_batch_conn(
+    kit: shardkit.Kit, tables: Tables
+) -> None:
+    table, initial = key_table(tables, "string", 800)
+    record = Recorder(key_names(table))
+
+    status = kit.map(table, record, page_size=60).wait(WAIT)
+
+    assert set(record.keys) == set(initial)  # every key at least once, and no other
+    assert len(record.keys) >= len(initial)
+    assert record.conn_refused
+    assert all(record.conn_refused)
+    assert values(kit, table) == initial  # nothing written
+    assert (status.state, status.rows) == ("complete", 800)
+
+
+def test_fn_and_on_complete_given_as_import_paths(kit: shardkit.Kit, tables: Tables) -> None:
+    table, initial = key_table(tables, "sparse", 500)
+
+    job = kit.map(
+        table,
+        f"{__name__}:record_visit",
+        on_complete=f"{__name__}:record_completion",
+        page_size=50,
+    )
+    status = job.wait(WAIT)
+
+    assert sorted(_VISITED[job.id]) == sorted(initial)
+    assert _COMPLETED[job.id] == [500]
+    assert status.rows == 500
+    stored = json.loads(kit.mapper.ledger.spec(job.id) or "{}")
+    assert stored["fn"] == f"{__name__}:record_visit"
+    assert stored["on_complete"] == f"{__name__}:record_completion"
+    assert stored["missing"] == []
+
+
+# -- splitting -----------------------------------------------------------------------------
+
+
+def test_skewed_keys_split_into_about_full_pages(kit: shardkit.Kit, tables: Tables) -> None:
+    rows, page_size = 2000, 50
+    table, initial = key_table(tables, "skewed", rows)
+
+    status = kit.map(table, add_ten(table), transactional=True, page_size=page_size).wait(WAIT)
+
+    assert values(kit, table) == plus(initial, 10)
+    assert status.rows == rows
+    assert status.depth >= 2
+    assert status.done > 1
+    # Split at the data's quantiles, not the key space's: hardly more pages than rows
+    # need, though 90% of them sit in 1% of the keys.
+    assert math.ceil(rows / page_size) <= status.pages <= 2 * math.ceil(rows / page_size)
+
+
+class UnsampledSource(TableSource):
+    """A source that cannot sample: the mapper splits between its bounds by arithmetic."""
+
+    def sample(self, conn: Any, rng: Any, after: Any, size: int) -> None:
+        return None
+
+
+def test_a_source_that_cannot_sample_is_split_by_bisection(
+    kit: shardkit.Kit, tables: Tables
+) -> None:
+    table, initial = key_table(tables, "sparse", 1000)
+
+    job = kit.map(UnsampledSource(table, "k"), add_ten(table), transactional=True, page_size=50)
+    status = job.wait(WAIT)
+
+    assert values(kit, table) == plus(initial, 10)
+    assert (status.state, status.rows) == ("complete", 1000)
+    assert status.depth >= 1
+    assert status.done > 1
+
+
+# -- idempotency, failure, resume, cancel ---------------------------------------------------
+
+
+def test_running_finished_ranges_again_changes_nothing(kit: shardkit.Kit, tables: Tables) -> None:
+    table, initial = key_table(tables, "sequential", 600)
+    calls: list[int] = []
+    job = kit.map(
+        table,
+        add_ten(table),
+        transactional=True,
+        page_size=50,
+        on_complete=lambda done: calls.append(done.rows),
+    )
+    before = job.wait(WAIT)
+    ids = range_ids(kit, job.id)
+    assert len(ids) > 1
+
+    for range_id in ids:
+        kit.mapper.run_range(job.id, range_id)
+    kit.job(job.id).resume()  # a complete job: nothing to do
+
+    assert values(kit, table) == plus(initial, 10)
+    assert job.status() == before
+    assert calls == [600]
+
+
+def test_a_failed_job_resumes_where_it_stopped(kit: shardkit.Kit, tables: Tables) -> None:
+    table, initial = key_table(tables, "sequential", 1000)
+    bad = 777
+    broken = threading.Event()
+    broken.set()
+    apply = add_ten(table)
+
+    def fn(batch: Batch) -> None:
+        if broken.is_set() and any(row["k"] == bad for row in batch.rows):
+            raise RuntimeError(f"row {bad} is broken")
+        apply(batch)
+
+    job = kit.map(table, fn, transactional=True, page_size=50, retries=1)
+    with pytest.raises(JobFailed, match=f"row {bad} is broken"):
+        job.wait(WAIT)
+
+    def applied() -> dict[Any, int]:
+        return {k: v - initial[k] for k, v in values(kit, table).items()}
+
+    # Each page's writes commit with its checkpoint: the rows counted are the rows applied.
+    wait_for(
+        lambda: sum(1 for d in applied().values() if d) == job.status().rows,
+        "the ledger to agree with the rows applied",
+        status=job.status,
+    )
+    deltas = applied()
+    assert set(deltas.values()) <= {0, 10}  # none applied twice
+    assert deltas[bad] == 0
+    assert deltas[initial_key(initial, 1)] == 10  # the first page was applied
+    failed = job.status()
+    assert failed.state == "failed"
+    assert f"row {bad} is broken" in (failed.error or "")
+    assert 50 <= failed.rows < 1000
+    assert failed.pending >= 1
+
+    broken.clear()
+    assert job.resume() >= 1
+    status = job.wait(WAIT)
+
+    assert values(kit, table) == plus(initial, 10)
+    assert (status.state, status.rows, status.pending) == ("complete", 1000, 0)
+
+
+def initial_key(initial: dict[Any, int], key: Any) -> Any:
+    assert key in initial
+    return key
+
+
+def test_a_cancelled_job_stops_taking_ranges(kit: shardkit.Kit, tables: Tables) -> None:
+    table, initial = key_table(tables, "sequential", 1000)
+    entered, release = threading.Event(), threading.Event()
+    record = Recorder(["k"])
+
+    def fn(batch: Batch) -> None:
+        record(batch)
+        entered.set()
+        release.wait(WAIT)
+
+    job = kit.map(table, fn, page_size=50)
+    try:
+        assert entered.wait(WAIT)
+        assert job.cancel()
+        assert not job.cancel()  # already stopped
+    finally:
+        release.set()
+    with pytest.raises(JobFailed, match="cancelled"):
+        job.wait(WAIT)
+
+    kit.executor.close()  # every task it was given has run
+    status = job.status()
+    assert status.state == "cancelled"
+    assert record.keys == list(range(1, 51))  # the page in flight, and nothing after it
+    assert status.rows in (0, 50)
+    assert status.pending >= 1
+    pending = kit.mapper.ledger.pending(job.id)
+    assert len(pending) == status.pending
+
+    assert job.resume() == 0  # a cancelled job stays cancelled
+    for range_id in pending:
+        kit.mapper.run_range(job.id, range_id)
+    assert record.keys == list(range(1, 51))
+    assert job.status() == status
+    assert sorted(kit.mapper.ledger.pending(job.id)) == sorted(pending)
+
+
+# -- jobs ----------------------------------------------------------------------------------
+
+
+def test_jobs_are_found_by_id_and_a_job_id_runs_once(kit: shardkit.Kit, tables: Tables) -> None:
+    with pytest.raises(JobNotFound):
+        kit.job("nope")
+    table, initial = key_table(tables, "sequential", 600)
+    calls: list[int] = []
+    job_id = f"fixed-{uuid4().hex[:8]}"
+
+    def start() -> shardkit.mapper.Job:
+        return kit.map(
+            table,
+            add_ten(table),
+            transactional=True,
+            page_size=50,
+            on_complete=lambda done: calls.append(done.rows),
+            job=job_id,
+        )
+
+    first = start()
+    second = start()  # the same job, resumed while it runs
+    assert first.id == second.id == job_id
+    assert job_id in [status.id for status in kit.jobs()]
+    assert kit.job(job_id).status().state in ("running", "complete")
+    second.wait(WAIT)
+    status = first.wait(WAIT)
+    third = start()  # the same job, complete: nothing to do
+    assert third.wait(WAIT) == status
+
+    assert values(kit, table) == plus(initial, 10)
+    assert (status.state, status.rows) == ("complete", 600)
+    assert calls == [600]
+    assert [s for s in kit.jobs() if s.id == job_id] == [status]
+    assert kit.job(job_id).status() == status
+
+
+BAD_INPUT = [
+    ({"page_size": 0}, ValidationError),
+    ({"page_size": True}, ValidationError),
+    ({"page_size": 100_001}, ValidationError),
+    ({"fanout": 0}, ValidationError),
+    ({"fanout": 65}, ValidationError),
+    ({"retries": -1}, ValidationError),
+    ({"job": "a b"}, ValidationError),
+    ({"job": ""}, ValidationError),
+    ({"job": "x" * 65}, ValidationError),
+    ({"job": 7}, ValidationError),
+    ({"key": "nope"}, ConfigurationError),
+    ({"source": [1, 2, 3]}, ConfigurationError),
+    ({"fn": 42}, ConfigurationError),
+    ({"fn": "no.such:thing"}, ConfigurationError),
+    ({"fn": "not-a-path"}, ConfigurationError),
+    ({"on_complete": "no.such:thing"}, ConfigurationError),
+    ({"on_complete": 3}, ConfigurationError),
+]
+
+
+def test_bad_input_raises_before_anything_is_written(kit: shardkit.Kit, tables: Tables) -> None:
+    table, initial = key_table(tables, "sequential", 20)
+    good: dict[str, Any] = {"source": table, "fn": add_ten(table), "transactional": True}
+    before = ledger_rows(kit)
+
+    for bad, error in BAD_INPUT:
+        with pytest.raises(error):
+            kit.map(**{**good, **bad})
+        assert ledger_rows(kit) == before, bad
+
+    # The same call without the bad option writes a job and its root range.
+    job = kit.map(**good, job="x" * 64)
+    job.wait(WAIT)
+    assert values(kit, table) == plus(initial, 10)
+    assert ledger_rows(kit)[0] == before[0] + 1
+
+
+# -- specs that travel ---------------------------------------------------------------------
+
+_VISITED: dict[str, list[Any]] = {}
+_COMPLETED: dict[str, list[int]] = {}
+_LOCK = threading.Lock()
+
+
+def record_visit(batch: Batch) -> None:
+    """A module-level fn: travels by import path."""
+    with _LOCK:
+        _VISITED.setdefault(batch.job, []).extend(row["k"] for row in batch.rows)
+
+
+def record_completion(done: Completion) -> None:
+    with _LOCK:
+        _COMPLETED.setdefault(done.job, []).append(done.rows)
+
+
+class CreatesFile:
+    """Unpickling this creates a file: what a forged payload could do."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (self.path,))
+
+
+def forge(signed: str, payload: bytes) -> str:
+    """A signed text whose payload is replaced, its signature kept."""
+    raw = base64.b64decode(signed)
+    return base64.b64encode(raw[:32] + payload).decode()
+
+
+def test_signed_payloads_round_trip_and_forged_ones_are_never_unpickled(tmp_path: Path) -> None:
+    control = tmp_path / "control"
+    cloudpickle.loads(cloudpickle.dumps(CreatesFile(control)))
+    assert control.exists()  # the payload used below does have a side effect
+
+    ours, theirs = Signer("our secret"), Signer(b"their secret")
+    step = 3
+    text = ours.dumps({"fn": lambda x: x + step, "n": 1})
+    loaded = ours.loads(text)
+    assert loaded["fn"](1) == 4
+    assert loaded["n"] == 1
+    assert "our secret" not in repr(ours)
+
+    target = tmp_path / "target"
+    with pytest.raises(UntrustedPayload):
+        ours.loads(theirs.dumps(CreatesFile(target)))
+    with pytest.raises(UntrustedPayload):
+        ours.loads(forge(text, cloudpickle.dumps(CreatesFile(target))))
+    with pytest.raises(UntrustedPayload):
+        theirs.loads(text)
+    with pytest.raises(UntrustedPayload):
+        ours.loads("not base64 at all!")
+    with pytest.raises(UntrustedPayload):
+        ours.loads(base64.b64encode(b"short").decode())
+    assert not target.exists()
+    with pytest.raises(ConfigurationError):
+        Signer("")
+
+
+@pytest.fixture
+def spec_engine(tmp_path: Path) -> Iterator[tuple[sa.Engine, sa.Table]]:
+    """A database of its own holding one table, for specs to rebuild sources from."""
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'spec.db'}")
+    table = sa.Table(
+        "accounts",
+        sa.MetaData(),
+        _pk("k", sa.Integer),
+        sa.Column("v", sa.Integer, nullable=False),
+    )
+    table.create(engine)
+    yield engine, table
+    engine.dispose()
+
+
+def spec_of(source: Any, fn: Any, on_complete: Any = None) -> MapSpec:
+    return MapSpec(
+        source=source,
+        fn=fn,
+        on_complete=on_complete,
+        page_size=70,
+        fanout=5,
+        transactional=True,
+        retries=2,
+    )
+
+
+def test_a_closure_travels_only_signed(
+    spec_engine: tuple[sa.Engine, sa.Table], tmp_path: Path
+) -> None:
+    engine, table = spec_engine
+    offset = 7
+
+    def shifted(batch: Batch) -> list[int]:
+        return [row["v"] + offset for row in batch.rows]
+
+    spec = spec_of(TableSource(table, None), shifted)
+    assert reference(shifted) is None
+
+    text, missing = spec.dumps(None)
+    assert missing == ["fn"]
+    assert json.loads(text)["fn"] is None
+    with pytest.raises(ConfigurationError, match="fn"):
+        MapSpec.loads(text, engine, None)
+    with pytest.raises(ConfigurationError, match="fn"):
+        MapSpec.loads(text, engine, Signer("s"))  # a secret now cannot bring it back
+
+    signer = Signer("s")
+    text, missing = spec.dumps(signer)
+    assert missing == []
+    rebuilt = MapSpec.loads(text, engine, signer)
+    assert rebuilt.fn is not shifted
+    assert rebuilt.fn(Batch([{"v": 1}, {"v": 5}], "job", "range")) == [8, 12]
+    assert isinstance(rebuilt.source, TableSource)
+    assert rebuilt.source.key == ("k",)
+    assert (rebuilt.page_size, rebuilt.fanout, rebuilt.transactional, rebuilt.retries) == (
+        70,
+        5,
+        True,
+        2,
+    )
+    with pytest.raises(UntrustedPayload):
+        MapSpec.loads(text, engine, Signer("another"))
+    with pytest.raises(ConfigurationError, match="secret"):
+        MapSpec.loads(text, engine, None)
+
+    # A payload forged by someone who can write to the store is refused unopened.
+    target = tmp_path / "target"
+    data = json.loads(text)
+    data["pickled"] = forge(data["pickled"], cloudpickle.dumps({"fn": CreatesFile(target)}))
+    with pytest.raises(UntrustedPayload):
+        MapSpec.loads(json.dumps(data), engine, signer)
+    assert not target.exists()
+
+
+def test_a_select_source_travels_signed(spec_engine: tuple[sa.Engine, sa.Table]) -> None:
+    engine, table = spec_engine
+    with engine.begin() as conn:
+        conn.execute(table.insert(), [{"k": i, "v": i} for i in range(10)])
+    spec = spec_of(TableSource(sa.select(table).where(table.c.v >= 5), "k"), record_visit)
+
+    text, missing = spec.dumps(None)
+    assert missing == ["source"]
+    signer = Signer("s")
+    text, missing = spec.dumps(signer)
+    assert missing == []
+    rebuilt = MapSpec.loads(text, engine, signer)
+    with engine.connect() as conn:
+        rows = rebuilt.source.page(conn, KeyRange(), None, 100)
+    assert [row["k"] for row in rows] == [5, 6, 7, 8, 9]
+
+
+def test_an_importable_function_travels_by_reference(
+    spec_engine: tuple[sa.Engine, sa.Table],
+) -> None:
+    engine, table = spec_engine
+    spec = spec_of(TableSource(table, None), record_visit, record_completion)
+
+    text, missing = spec.dumps(None)
+    data = json.loads(text)
+
+    assert reference(record_visit) == f"{__name__}:record_visit"
+    assert data["fn"] == reference(record_visit)
+    assert data["on_complete"] == f"{__name__}:record_completion"
+    assert (missing, data["pickled"]) == ([], None)
+    assert data["source"] == {"table": "accounts", "schema": None, "key": ["k"]}
+    rebuilt = MapSpec.loads(text, engine, None)
+    assert rebuilt.fn is record_visit
+    assert rebuilt.on_complete is record_completion
+
+
+class HeldExecutor:
+    """Stands for an executor in other processes: keeps what it is given, runs nothing."""
+
+    url = "held://"
+
+    def __init__(self) -> None:
+        self.submitted: list[tuple[str, dict[str, Any]]] = []
+
+    def bind(self, tasks: Mapping[str, Any], marks: Marks) -> None:
+        pass
+
+    def submit(
+        self,
+        task: str,
+        args: Mapping[str, Any],
+        *,
+        delay: float = 0.0,
+        dedupe: str | None = None,
+        window: float = 60.0,
+    ) -> bool:
+        self.submitted.append((task, dict(args)))
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_closure_job_runs_in_another_kit_only_with_the_secret(
+    kit: shardkit.Kit, tables: Tables, store_url: str
+) -> None:
+    table, initial = key_table(tables, "sequential", 300)
+    name, step = table.name, 7
+
+    def bump(batch: Batch) -> None:
+        if batch.rows:
+            update = sa.text(f"UPDATE {name} SET v = v + :step WHERE k = :k")
+            batch.conn.execute(update, [{"step": step, "k": row["k"]} for row in batch.rows])
+
+    def open_kit(secret: str | None, executor: Any = None) -> shardkit.Kit:
+        return shardkit.connect(
+            store_url, "memory://", prefix=PREFIX, executor=executor, secret=secret
+        )
+
+    job_id = f"travel-{uuid4().hex[:8]}"
+    root = KeyRange().id(job_id)
+    held = HeldExecutor()
+    with open_kit(None, held) as unsigned:
+        with pytest.raises(ConfigurationError, match="secret"):
+            unsigned.map(table, bump, transactional=True, page_size=50, job=job_id)
+        assert held.submitted == []
+    with pytest.raises(JobNotFound):
+        kit.job(job_id)
+
+    with open_kit("s3cret", held) as signed:
+        signed.map(table, bump, transactional=True, page_size=50, job=job_id)
+    assert held.submitted == [("map_range", {"job": job_id, "range": root})]
+
+    with open_kit("wrong") as wrong:
+        wrong.mapper.run_range(job_id, root)  # refused, logged: the range stays pending
+        with pytest.raises(UntrustedPayload):
+            wrong.job(job_id).resume()
+    assert values(kit, table) == initial
+    assert (kit.job(job_id).status().rows, kit.job(job_id).status().pending) == (0, 1)
+
+    with open_kit("s3cret") as worker:
+        worker.mapper.run_range(job_id, root)
+        status = worker.job(job_id).wait(WAIT)
+    assert values(kit, table) == plus(initial, step)
+    assert (status.state, status.rows) == ("complete", 300)
