@@ -6,8 +6,11 @@ import signal
 import subprocess
 import sys
 import threading
+import uuid
+from collections.abc import Iterator
 
 import pytest
+import sqlalchemy as sa
 from click.testing import CliRunner
 
 import shardkit
@@ -98,13 +101,14 @@ def test_purge_keys(run, name: str) -> None:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.slow
-def test_demo_races_naive_sharded_and_buffered_and_checks_the_totals() -> None:
+def test_demo_races_counters_then_maps_and_checks_the_totals() -> None:
     result = CliRunner().invoke(main, ["demo", "--writers", "2", "--seconds", "0.5"])
     assert result.exit_code == 0, result.stderr
     for mode in ("naive", "sharded", "buffer"):
         assert f"│ {mode}" in result.stdout
     assert "✗" not in result.stdout
-    assert result.stdout.count("✓") == 3
+    assert result.stdout.count("✓") == 4
+    assert "complete: 20,000 rows" in result.stdout
 
 
 @pytest.fixture
@@ -233,3 +237,98 @@ def test_ids_prints_new_ids_that_never_repeat(run, name: str) -> None:  # type: 
     assert second[0] > max(first)  # a new process reserves a new block
     assert run("get", name) == (0, "1010 (ids reserved up to here)\n", "")  # 10, then 1000
     assert run("ids", name, "--count", "0")[0] == 2
+
+
+# -- mapping jobs ----------------------------------------------------------------------
+
+_BROKEN: set[str] = set()  # tables whose add_one fails (a "bug" the test then fixes)
+
+
+def add_one(batch: shardkit.mapper.Batch) -> None:
+    """A job function importable by path (``test_cli:add_one``), for ``jobs resume``."""
+    (table,) = {row["tbl"] for row in batch.rows}
+    if table in _BROKEN:
+        raise RuntimeError("fn is broken")
+    accounts = sa.table(table, sa.column("id"), sa.column("n"))
+    ids = [row["id"] for row in batch.rows]
+    batch.conn.execute(sa.update(accounts).where(accounts.c.id.in_(ids)).values(n=accounts.c.n + 1))
+
+
+@pytest.fixture
+def accounts(sqlite_url: str) -> Iterator[sa.Table]:
+    engine = sa.create_engine(sqlite_url)
+    table = sa.Table(
+        f"{PREFIX}cli_{uuid.uuid4().hex[:8]}",
+        sa.MetaData(),
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("tbl", sa.String(64), nullable=False),
+        sa.Column("n", sa.Integer, nullable=False),
+    )
+    table.create(engine)
+    with engine.begin() as conn:
+        conn.execute(table.insert(), [{"id": i, "tbl": table.name, "n": 0} for i in range(500)])
+    yield table
+    table.drop(engine)
+    engine.dispose()
+
+
+def _counts(kit: shardkit.Kit, table: sa.Table) -> dict[int, int]:
+    with kit.store.engine.connect() as conn:  # type: ignore[attr-defined]
+        rows = conn.execute(sa.select(table.c.n, sa.func.count()).group_by(table.c.n))
+        return {int(n): int(count) for n, count in rows}
+
+
+def test_jobs_list_status_and_watch(run, sqlite_url: str, accounts: sa.Table) -> None:  # type: ignore[no-untyped-def]
+    job_id = f"cli-{uuid.uuid4().hex[:8]}"
+    with shardkit.connect(sqlite_url, prefix=PREFIX) as kit:
+        kit.map(accounts, add_one, transactional=True, page_size=40, job=job_id).wait(30)
+    code, out, _ = run("jobs")
+    assert code == 0
+    assert job_id in out
+    code, out, _ = run("jobs", "status", job_id)
+    assert code == 0
+    assert "complete" in out
+    assert "rows     500 of about 500" in out
+    code, out, _ = run("jobs", "watch", job_id)
+    assert (code, out.splitlines()[-1]) == (0, f"{job_id}: complete, 500 rows")
+    code, _, error = run("jobs", "status", "no-such-job")
+    assert code == 1
+    assert "no job 'no-such-job'" in error
+
+
+def test_jobs_cancel_stops_a_running_job(run, sqlite_url: str, accounts: sa.Table) -> None:  # type: ignore[no-untyped-def]
+    entered, release = threading.Event(), threading.Event()
+
+    def blocked(batch: shardkit.mapper.Batch) -> None:
+        entered.set()
+        release.wait(30)
+
+    with shardkit.connect(sqlite_url, prefix=PREFIX) as kit:
+        job = kit.map(accounts, blocked, page_size=40)
+        assert entered.wait(30)
+        code, out, _ = run("jobs", "cancel", job.id)
+        assert (code, out) == (0, f"{job.id}: cancelled\n")
+        release.set()
+        kit.executor.close()  # runs whatever was queued: nothing of a cancelled job
+        status = job.status()
+    assert status.state == "cancelled"
+    assert status.rows <= 40
+    assert status.pending >= 1
+    assert run("jobs", "cancel", job.id)[1] == f"{job.id}: already cancelled\n"
+
+
+def test_jobs_resume_runs_a_failed_job_to_completion(  # type: ignore[no-untyped-def]
+    run, sqlite_url: str, accounts: sa.Table
+) -> None:
+    _BROKEN.add(accounts.name)
+    with shardkit.connect(sqlite_url, prefix=PREFIX) as kit:
+        job = kit.map(accounts, add_one, transactional=True, page_size=40, retries=0)
+        with pytest.raises(shardkit.JobFailed, match="fn is broken"):
+            job.wait(30)
+        assert _counts(kit, accounts) == {0: 500}
+    _BROKEN.discard(accounts.name)
+    code, out, _ = run("jobs", "resume", job.id)
+    assert code == 0
+    assert out.splitlines()[-1] == f"{job.id}: complete, 500 rows"
+    with shardkit.connect(sqlite_url, prefix=PREFIX) as kit:
+        assert _counts(kit, accounts) == {1: 500}

@@ -1,4 +1,5 @@
-"""shardkit: counters that take far more writes than one row can.
+"""shardkit: counters that take far more writes than one row can, and parallel visits
+of huge tables.
 
 >>> import shardkit
 >>> kit = shardkit.connect()            # sqlite:///shardkit.db + memory://
@@ -6,6 +7,8 @@
 >>> votes.incr()
 >>> hits = kit.buffered("downloads:file-9", interval=5.0)
 >>> hits.incr()
+>>> job = kit.map(accounts, add_credit, key="id", transactional=True)  # a Table
+>>> job.wait()
 """
 
 from shardkit.counters import (
@@ -24,11 +27,17 @@ from shardkit.errors import (
     InvalidDelta,
     InvalidName,
     InvalidShardCount,
+    JobFailed,
+    JobNotFound,
+    JobTimeout,
     MissingDriver,
     ShardkitError,
+    UnsupportedKey,
+    UntrustedPayload,
     ValidationError,
 )
 from shardkit.kit import Kit, connect
+from shardkit.mapper import Batch, Completion, Job, JobStatus
 from shardkit.store import CounterInfo
 
 __version__ = "0.1.0"
@@ -36,7 +45,9 @@ __version__ = "0.1.0"
 __all__ = [
     "BackendError",
     "BackendUnavailable",
+    "Batch",
     "BufferedCounter",
+    "Completion",
     "ConfigurationError",
     "CounterInfo",
     "CounterKindMismatch",
@@ -45,12 +56,19 @@ __all__ = [
     "InvalidDelta",
     "InvalidName",
     "InvalidShardCount",
+    "Job",
+    "JobFailed",
+    "JobNotFound",
+    "JobStatus",
+    "JobTimeout",
     "Kit",
     "MissingDriver",
     "MonotonicCounter",
     "Parts",
     "ShardedCounter",
     "ShardkitError",
+    "UnsupportedKey",
+    "UntrustedPayload",
     "ValidationError",
     "connect",
 ]

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 import shardkit
 
@@ -218,13 +218,15 @@ def purge_keys(context: Context) -> None:
 
 
 @main.group(invoke_without_command=True)
+@click.option("--limit", type=click.IntRange(1), default=20, show_default=True)
 @click.pass_context
-def jobs(ctx: click.Context) -> None:
+def jobs(ctx: click.Context, limit: int) -> None:
     """List mapping jobs (newest first), or act on one: status, watch, cancel, resume."""
     if ctx.invoked_subcommand is not None:
         return
-    statuses = ctx.ensure_object(Context).kit.jobs()
-    table = Table("id", "state", "rows", "estimate", "pending", "done", "depth", "started")
+    statuses = ctx.ensure_object(Context).kit.jobs()[:limit]
+    table = Table("state", "rows", "estimate", "pending", "done", "depth", "started")
+    table.columns.insert(0, Column("id", no_wrap=True))
     for status in statuses:
         table.add_row(
             status.id,
