@@ -9,19 +9,24 @@ environment variables:
   ``add_ten`` adds 10 to the page's rows, ``record_completion`` inserts a row into
   ``<table>_done``;
 * ``SHARDKIT_MAPPER_FAULTS``: a directory where faults are counted. A page fails
-  (exception, after its update) with probability ``FAIL_PROBABILITY``, and every process
-  SIGKILLs itself once, after its update of a page picked at random among its first
-  pages, as long as one of the ``SHARDKIT_MAPPER_KILLS`` kill slots is free (each is a
-  file created with O_EXCL, so the slots are shared by every process).
+  (exception) with probability ``FAIL_PROBABILITY``, and every process SIGKILLs itself
+  once, at a page picked at random among its first pages, as long as one of the
+  ``SHARDKIT_MAPPER_KILLS`` kill slots is free (each is a file created with O_EXCL, so
+  the slots are shared by every process). Each fault strikes after the page's update,
+  either in ``fn`` or (half of them) as the checkpoint statement is about to run: both
+  before the transaction commits, so neither may leave a trace.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import random
+import re
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -43,31 +48,75 @@ def _table(suffix: str = "") -> Any:
     return sa.table(name, sa.column("k"), sa.column("balance"), sa.column("job"), sa.column("rows"))
 
 
-def _claim_kill(faults: Path) -> bool:
+def _claim_kill() -> int | None:
+    """Claim a free kill slot; its number, or None when all are spent."""
+    faults = Path(os.environ["SHARDKIT_MAPPER_FAULTS"])
     for slot in range(int(os.environ.get("SHARDKIT_MAPPER_KILLS", "0"))):
         try:
             os.close(os.open(faults / f"kill-{slot}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             continue
-        return True
-    return False
+        return slot
+    return None
 
 
 def add_ten(batch: Any) -> None:
     """Add 10 to the balance of the page's rows through the job's transaction; then,
-    sometimes, fail or die before that transaction commits."""
+    sometimes, fail or die before that transaction commits: here, or at the statement
+    that writes the page's checkpoint, after this function returned."""
+    _arm(batch.conn.engine)
     table = _table()
     keys = [row["k"] for row in batch.rows]
     batch.conn.execute(
         sa.update(table).where(table.c.k.in_(keys)).values(balance=table.c.balance + 10)
     )
-    faults = Path(os.environ["SHARDKIT_MAPPER_FAULTS"])
-    if next(_pages) == _kill_at and _claim_kill(faults):
-        os.kill(os.getpid(), signal.SIGKILL)
+    if next(_pages) == _kill_at:
+        slot = _claim_kill()
+        if slot is not None:
+            if slot % 2 == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+            _pending().add("kill")
+            return
     if random.random() < FAIL_PROBABILITY:
-        with open(faults / "failures", "a") as log:
-            log.write(f"{os.getpid()} {batch.range}\n")
-        raise InjectedFault(f"injected into range {batch.range}")
+        if random.random() < 0.5:
+            _fail(batch.range, "in fn")
+        _pending().add("fail")
+
+
+def _fail(range_id: str, where: str) -> None:
+    with open(Path(os.environ["SHARDKIT_MAPPER_FAULTS"]) / "failures", "a") as log:
+        log.write(f"{os.getpid()} {range_id} {where}\n")
+    raise InjectedFault(f"injected into range {range_id} {where}")
+
+
+_local = threading.local()
+
+
+def _pending() -> set[str]:
+    """The faults this thread left for its next checkpoint."""
+    if not hasattr(_local, "faults"):
+        _local.faults = set()
+    return _local.faults  # type: ignore[no-any-return]
+
+
+_CHECKPOINT = re.compile(r"""UPDATE \S*ranges SET [`"]?after[`"]?=""")
+
+
+@functools.cache
+def _arm(engine: sa.Engine) -> None:
+    """Strike the faults left for the checkpoint when its statement is about to run (in
+    this thread: a page's function and its checkpoint run in the same one)."""
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def strike(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if not _CHECKPOINT.match(statement):
+            return
+        faults = _pending()
+        if "kill" in faults:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if "fail" in faults:
+            faults.discard("fail")
+            _fail("?", "at checkpoint")
 
 
 def record_completion(completion: Any) -> None:
