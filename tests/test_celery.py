@@ -170,9 +170,10 @@ class RecordingExecutor(CeleryExecutor):
         return made
 
 
-@pytest.fixture(params=list(BROKERS))
-def config(request: pytest.FixtureRequest, sqlite_url: str) -> Config:
-    broker = BROKERS[request.param]
+def config_for(broker_name: str, sqlite_url: str, tag: str) -> Config:
+    """A test's worker configuration on the PostgreSQL store, with a queue and record
+    prefix of its own (its services required)."""
+    broker = BROKERS[broker_name]
     require_broker(broker)
     require(CACHE)
     run = uuid.uuid4().hex[:12]
@@ -182,8 +183,13 @@ def config(request: pytest.FixtureRequest, sqlite_url: str) -> Config:
         prefix=PREFIX,
         broker=broker,
         queue=f"shardkit-test-{run}",
-        record=f"shardkit-test:celery:{run}",
+        record=f"shardkit-test:{tag}:{run}",
     )
+
+
+@pytest.fixture(params=list(BROKERS))
+def config(request: pytest.FixtureRequest, sqlite_url: str) -> Config:
+    return config_for(request.param, sqlite_url, "celery")
 
 
 @pytest.fixture

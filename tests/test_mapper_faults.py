@@ -27,7 +27,7 @@ import sqlalchemy as sa
 import shardkit
 from celery_app import Config, build
 from conftest import PREFIX, store_url_for
-from test_celery import BROKERS, CACHE, Workers, require_broker
+from test_celery import Workers, config_for
 
 TESTS = Path(__file__).resolve().parent
 ROWS = int(os.environ.get("SHARDKIT_TEST_MAPPER_ROWS", "200000"))
@@ -151,17 +151,7 @@ def test_killed_and_failing_processes_leave_every_row_plus_ten_once(
 
 @pytest.fixture
 def celery_config(sqlite_url: str) -> Config:
-    broker = BROKERS["redis"]
-    require_broker(broker)
-    run = uuid.uuid4().hex[:12]
-    return Config(
-        store=store_url_for("postgres", sqlite_url),
-        cache=CACHE,
-        prefix=PREFIX,
-        broker=broker,
-        queue=f"shardkit-test-{run}",
-        record=f"shardkit-test:mapper:{run}",
-    )
+    return config_for("redis", sqlite_url, "mapper")
 
 
 @pytest.fixture
