@@ -13,17 +13,21 @@ waits on I/O: an API call, a file) before the transaction commits.
              stopped after ``--offset-seconds`` and extrapolated to the whole table
 
 Extrapolating ``offset``: PostgreSQL reads and throws away the ``offset`` rows before a
-page, so a page's cost grows linearly with its number i. The per-page times measured
-before the time limit are fitted by least squares to ``t(i) = a + b·i`` and the pages not
-reached are added as ``sum(a + b·i)`` over their numbers; the total is the measured time
-plus that sum (printed with the fit). A run that reaches the end of the table in time is
-reported as measured.
+page, so reading page i costs ``a + b·i``, growing linearly with its number; the rest of
+a page (update, wait, commit) does not depend on where it is. The mode times both parts
+of each page it visits before the time limit, fits the reads to ``a + b·i`` (least
+squares on the medians of 40 runs of consecutive pages, so that pages slowed by other
+work on the machine do not tilt the line) and averages the rest to ``r``; the pages it
+did not reach (i = k … N - 1) are added as ``sum(a + b·i + r)``. The total is the
+measured time plus that sum, marked ``≈`` and printed with the fit. A run that reaches
+the end of the table in time is reported as measured.
 
 The table ``bench_accounts(id bigint primary key, balance bigint)`` is made with
 ``INSERT … SELECT generate_series`` (ids 1…``--rows``) and reused when it already holds
 exactly those ids. It is vacuumed before each mode, so no mode pays for the dead rows of
 the one before. Each mode is checked: ``sum(balance)`` moved by exactly the rows it
-visited (the whole table for ``shardkit`` and ``keyset``, every row increased by 1).
+visited, and, against a copy of the balances taken before it, those rows each rose by
+exactly 1 and no other row changed (every row, for ``shardkit`` and ``keyset``).
 
 For ``shardkit`` the table also gives the depth of its range tree (``status.depth``), its
 pages and ranges, and the peak of memory allocated by this process while the job ran
@@ -72,6 +76,7 @@ UPDATE = sa.text(f"UPDATE {TABLE} SET balance = balance + 1 WHERE id = ANY(:ids)
 KEYSET = sa.text(f"SELECT id, balance FROM {TABLE} WHERE id > :last ORDER BY id LIMIT :page")
 OFFSET = sa.text(f"SELECT id, balance FROM {TABLE} ORDER BY id LIMIT :page OFFSET :offset")
 MB = 1024 * 1024
+FIT_BINS = 40  # runs of consecutive pages whose median read times the offset fit uses
 
 
 @dataclass
@@ -84,6 +89,8 @@ class Result:
     seconds: float
     """Measured, or (``extrapolated``) the estimate for the whole table."""
     exact: bool
+    cpu: float = 0.0
+    """CPU seconds of this process (all threads) while the mode ran."""
     extrapolated: bool = False
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -136,6 +143,10 @@ def prepare_table(engine: sa.Engine, rows: int, console: Console) -> None:
     )
 
 
+def load() -> str:
+    return " ".join(f"{n:.1f}" for n in os.getloadavg())
+
+
 def accounts_table() -> sa.Table:
     return sa.Table(
         TABLE,
@@ -161,7 +172,8 @@ def run_keyset(engine: sa.Engine, args: argparse.Namespace) -> Result:
 
 def run_offset(engine: sa.Engine, args: argparse.Namespace) -> Result:
     pages = math.ceil(args.rows / args.page_size)
-    times: list[float] = []
+    reads: list[float] = []  # per page: the SELECT … OFFSET and its rows
+    rests: list[float] = []  # per page: the work and the commit
     visited = 0
     started = time.perf_counter()
     while time.perf_counter() - started < args.offset_seconds:
@@ -171,24 +183,41 @@ def run_offset(engine: sa.Engine, args: argparse.Namespace) -> Result:
             ids = [row.id for row in result]
             if not ids:
                 break
+            read = time.perf_counter()
             work(conn, ids, args.io_wait)
         visited += len(ids)
-        times.append(time.perf_counter() - page_started)
+        reads.append(read - page_started)
+        rests.append(time.perf_counter() - read)
     measured = time.perf_counter() - started
     if visited >= args.rows:
         return Result("offset", visited, measured, exact=True, note="whole table, measured")
-    done = len(times)
+    done = len(reads)
     if done < 2:
         raise SystemExit("offset: fewer than 2 pages before the time limit: raise --offset-seconds")
-    fit = statistics.linear_regression(range(done), times)
-    a, b = fit.intercept, fit.slope
-    rest = sum(a + b * i for i in range(done, pages))
+    a, b = fit_reads(reads)
+    rest = statistics.fmean(rests)
+    missing = sum(a + b * i + rest for i in range(done, pages))
     note = (
-        f"{done:,} of {pages:,} pages in {measured:.1f} s; least-squares fit of the per-page "
-        f"time t(i) = {a * 1e3:.2f} ms + {b * 1e6:.2f} µs x i (page i); the other "
-        f"{pages - done:,} pages ≈ Σ t(i) = {rest:.1f} s"
+        f"{done:,} of {pages:,} pages in {measured:.1f} s; reading page i fitted (least squares "
+        f"on the medians of {min(FIT_BINS, done)} runs of pages) as {a * 1e3:.2f} ms + "
+        f"{b * 1e6:.2f} µs x i, the rest of a page (update, wait, commit) {rest * 1e3:.2f} ms "
+        f"on average; pages {done:,}…{pages - 1:,} ≈ {missing:.1f} s by that fit"
     )
-    return Result("offset", visited, measured + rest, exact=True, extrapolated=True, note=note)
+    return Result("offset", visited, measured + missing, exact=True, extrapolated=True, note=note)
+
+
+def fit_reads(reads: list[float]) -> tuple[float, float]:
+    """``(a, b)`` of the line ``a + b·i`` through the read times of pages i = 0, 1, …: least
+    squares on the medians of ``FIT_BINS`` runs of consecutive pages, so that pages slowed
+    by other work on the machine do not tilt it."""
+    bins = min(FIT_BINS, len(reads))
+    xs, ys = [], []
+    for k in range(bins):
+        lo, hi = len(reads) * k // bins, len(reads) * (k + 1) // bins
+        xs.append((lo + hi - 1) / 2)
+        ys.append(statistics.median(reads[lo:hi]))
+    fit = statistics.linear_regression(xs, ys)
+    return fit.intercept, fit.slope
 
 
 def page_bytes(engine: sa.Engine, page_size: int) -> int:
@@ -233,47 +262,88 @@ def run_shardkit(
                 page_size=args.page_size,
                 fanout=args.fanout,
             )
-            status = job.wait(poll=0.02)
+            status = job.wait(timeout=args.timeout)
             seconds = time.perf_counter() - started
             if traced:
                 peak = tracemalloc.get_traced_memory()[1]
         finally:
             if traced:
                 tracemalloc.stop()
+        store = kit.store
+        assert isinstance(store, SqlStore)
+        with store.engine.begin() as conn:  # the next run starts on empty ledger tables
+            conn.execute(store.ranges_table.delete().where(store.ranges_table.c.job == job.id))
+            conn.execute(store.jobs_table.delete().where(store.jobs_table.c.id == job.id))
     return seconds, status, peak
 
 
-def shardkit_result(
-    engine: sa.Engine, args: argparse.Namespace, prefix: str, *, traced: bool
-) -> Result:
-    vacuum(engine)
-    before = total_balance(engine)
+def shardkit_run(args: argparse.Namespace, prefix: str, *, traced: bool) -> Result:
     seconds, status, peak = run_shardkit(args, prefix, traced=traced)
-    moved = total_balance(engine) - before
-    exact = moved == args.rows and status.rows == args.rows and status.state == "complete"
     return Result(
         "shardkit (traced)" if traced else "shardkit",
         status.rows,
         seconds,
-        exact=exact,
+        exact=status.state == "complete",
         extra={
             "depth": status.depth,
             "pages": status.pages,
             "ranges": status.done + status.pending,
             "peak": peak,
-            "moved": moved,
         },
     )
 
 
-def checked(engine: sa.Engine, run: Callable[[], Result], whole: bool, rows: int) -> Result:
-    """Run a loop mode between two sums of the balances."""
+class Balances:
+    """The balances before a mode, copied to a table of their own, to check every row
+    after it."""
+
+    def __init__(self, engine: sa.Engine, table: str) -> None:
+        self.engine = engine
+        self.table = table
+
+    def take(self) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(sa.text(f"DROP TABLE IF EXISTS {self.table}"))
+            conn.execute(
+                sa.text(f"CREATE UNLOGGED TABLE {self.table} AS SELECT id, balance FROM {TABLE}")
+            )
+
+    def changes(self) -> tuple[int, int]:
+        """Rows whose balance rose by exactly 1, and rows that changed otherwise."""
+        statement = sa.text(
+            "SELECT count(*) FILTER (WHERE a.balance = s.balance + 1), "
+            "count(*) FILTER (WHERE a.balance <> s.balance AND a.balance <> s.balance + 1) "
+            f"FROM {TABLE} AS a FULL JOIN {self.table} AS s USING (id)"
+        )
+        with self.engine.connect() as conn:
+            plus_one, other = conn.execute(statement).one()
+        return int(plus_one), int(other)
+
+    def drop(self) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(sa.text(f"DROP TABLE IF EXISTS {self.table}"))
+
+
+def checked(
+    engine: sa.Engine, balances: Balances, run: Callable[[], Result], whole: bool, rows: int
+) -> Result:
+    """Run a mode (on a freshly vacuumed table) and check it: ``sum(balance)`` moved by
+    the rows it visited, and exactly those rows, each by 1 (all of them if ``whole``)."""
     vacuum(engine)
+    balances.take()
     before = total_balance(engine)
+    cpu = time.process_time()
     result = run()
+    result.cpu = time.process_time() - cpu
     moved = total_balance(engine) - before
-    result.exact = moved == result.rows and (not whole or result.rows == rows)
-    result.extra["moved"] = moved
+    plus_one, other = balances.changes()
+    result.exact = (
+        result.exact
+        and moved == plus_one == result.rows
+        and other == 0
+        and (not whole or result.rows == rows)
+    )
+    result.extra.update(moved=moved, plus_one=plus_one, other=other)
     return result
 
 
@@ -294,14 +364,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="time limit of the offset mode, then extrapolated (20)",
     )
     parser.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds to wait for a shardkit job (600)"
+    )
+    parser.add_argument(
         "--no-memory", action="store_true", help="skip shardkit's traced run (no peak memory)"
     )
     parser.add_argument("--modes", help=f"comma-separated, of {','.join(MODES)} (default all)")
     args = parser.parse_args(argv)
     if args.rows < 1 or args.page_size < 1 or args.workers < 1 or args.fanout < 2:
         parser.error("--rows, --page-size and --workers must be >= 1, --fanout >= 2")
-    if args.io_wait < 0 or not args.offset_seconds > 0:
-        parser.error("--io-wait must be >= 0, --offset-seconds > 0")
+    if args.io_wait < 0 or not args.offset_seconds > 0 or not args.timeout > 0:
+        parser.error("--io-wait must be >= 0, --offset-seconds and --timeout > 0")
     if not args.store.split(":", 1)[0].lower().startswith("postgresql"):
         parser.error("the benchmark needs PostgreSQL (--store postgresql://…)")
     if args.modes is None:
@@ -329,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(
             f"store [cyan]{engine.url.render_as_string()}[/], {args.rows:,} rows, page "
             f"{args.page_size}, I/O wait {args.io_wait * 1e3:g} ms per page; shardkit: "
-            f"{args.workers} local workers, fanout {args.fanout}; modes {', '.join(args.modes)}"
+            f"{args.workers} local workers, fanout {args.fanout}; modes {', '.join(args.modes)}; "
+            f"load average {load()}"
         )
         if "shardkit" in args.modes:
             # Create shardkit's tables now, to drop them at the end whatever happens.
@@ -337,29 +411,39 @@ def main(argv: list[str] | None = None) -> int:
                 store = kit.store
                 assert isinstance(store, SqlStore)
                 stack.callback(store.metadata.drop_all, engine)
+        balances = Balances(engine, f"{prefix}balances")
+        stack.callback(balances.drop)
+        runs: list[tuple[str, Callable[[], Result], bool]] = []
         for mode in args.modes:
-            console.print(f"running [bold]{mode}[/]…")
             if mode == "shardkit":
-                results.append(shardkit_result(engine, args, prefix, traced=False))
+                runs.append((mode, lambda: shardkit_run(args, prefix, traced=False), True))
                 if not args.no_memory:
-                    results.append(shardkit_result(engine, args, prefix, traced=True))
+                    runs.append(
+                        ("shardkit (traced)", lambda: shardkit_run(args, prefix, traced=True), True)
+                    )
             elif mode == "keyset":
-                results.append(checked(engine, lambda: run_keyset(engine, args), True, args.rows))
+                runs.append((mode, lambda: run_keyset(engine, args), True))
             else:
-                results.append(checked(engine, lambda: run_offset(engine, args), False, args.rows))
-            last = results[-1]
+                runs.append((mode, lambda: run_offset(engine, args), False))
+        for name, run, whole in runs:
+            console.print(f"running [bold]{name}[/]…")
+            result = checked(engine, balances, run, whole, args.rows)
+            results.append(result)
             console.print(
-                f"  {last.mode}: {last.rows:,} rows in {last.seconds:.1f} s"
-                f"{' (extrapolated)' if last.extrapolated else ''}; sum(balance) moved by "
-                f"{last.extra['moved']:,}: {'[green]exact[/]' if last.exact else '[red]WRONG[/]'}"
+                f"  {result.mode}: {result.rows:,} rows visited in {result.seconds:.1f} s"
+                f"{' (extrapolated to the whole table)' if result.extrapolated else ''}; "
+                f"sum(balance) moved by {result.extra['moved']:,}; rows +1: "
+                f"{result.extra['plus_one']:,}, rows changed otherwise: {result.extra['other']:,}"
+                f": {'[green]exact[/]' if result.exact else '[red]WRONG[/]'}"
             )
         one_page = page_bytes(engine, args.page_size)
+    console.print(f"load average {load()} ({os.cpu_count()} CPUs)")
     console.print(results_table(results, args))
     for line in notes(results, args, one_page):
         console.print(line)
     if all(r.exact for r in results):
         return 0
-    console.print("[red]a check failed: sum(balance) did not move by the rows visited[/]")
+    console.print("[red]a check failed: the balances did not move by 1 on the rows visited[/]")
     return 1
 
 
@@ -370,7 +454,7 @@ def results_table(results: list[Result], args: argparse.Namespace) -> Table:
             f"{args.io_wait * 1e3:g} ms I/O wait per page"
         )
     )
-    columns = ("mode", "rows", "seconds", "rows/s", f"vs {BASELINE}", "checked")
+    columns = ("mode", "rows", "seconds", "rows/s", f"vs {BASELINE}", "CPU s", "checked")
     extra = ("depth", "pages", "ranges", "peak MB")
     for column in (*columns, *extra):
         table.add_column(column, justify="left" if column == "mode" else "right")
@@ -380,16 +464,19 @@ def results_table(results: list[Result], args: argparse.Namespace) -> Table:
         rate = whole / r.seconds
         vs = f"{rate / (base.rows / base.seconds):.2f}x" if base else "-"
         seconds = f"≈ {r.seconds:,.1f}" if r.extrapolated else f"{r.seconds:,.1f}"
-        if r.extrapolated:
-            checked_text = f"[green]✓[/] {r.rows:,} visited" if r.exact else "[red]✗[/]"
+        if not r.exact:
+            checked_text = "[red]✗[/]"
+        elif r.extrapolated:
+            checked_text = f"[green]✓[/] +1 on {r.rows:,} visited"
         else:
-            checked_text = "[green]✓[/] +1 each" if r.exact else "[red]✗[/]"
+            checked_text = "[green]✓[/] +1 each"
         cells = [
             r.mode + (" (extrapolated)" if r.extrapolated else ""),
             f"{whole:,}",
             seconds,
             f"{rate:,.0f}",
             vs,
+            f"{r.cpu:.1f}",
             checked_text,
         ]
         if r.mode.startswith("shardkit"):
@@ -408,6 +495,10 @@ def results_table(results: list[Result], args: argparse.Namespace) -> Table:
 
 def notes(results: list[Result], args: argparse.Namespace, one_page: int) -> list[str]:
     lines = [f"[dim]offset: {r.note}[/]" for r in results if r.mode == "offset" and r.note]
+    lines.append(
+        "[dim]CPU s: CPU time of this Python process (all its threads) during the mode; "
+        "the database's own CPU is not included[/]"
+    )
     reference = one_page * args.workers
     whole_table = one_page / args.page_size * args.rows
     for r in results:
