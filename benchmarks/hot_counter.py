@@ -31,7 +31,7 @@ import sys
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -294,24 +294,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not args.interval > 0:
         parser.error("--interval must be > 0")
     redis = args.cache.split(":", 1)[0].lower() in REDIS_SCHEMES
-    if args.modes is None:
-        args.modes = [m for m in MODES if redis or m != "redis-incr"]
-    else:
-        wanted = {m.strip() for m in args.modes.split(",") if m.strip()}
-        if unknown := wanted - set(MODES):
-            parser.error(f"unknown modes {', '.join(sorted(unknown))}; choose from {MODES}")
-        if "redis-incr" in wanted and not redis:
-            parser.error("redis-incr needs a Redis --cache (redis://, rediss:// or unix://)")
-        args.modes = [m for m in MODES if m in wanted]
-    if not args.modes:
-        parser.error("no modes selected")
+    default = [m for m in MODES if redis or m != "redis-incr"]
+    args.modes = choose_modes(parser, args.modes, MODES, default)
+    if "redis-incr" in args.modes and not redis:
+        parser.error("redis-incr needs a Redis --cache (redis://, rediss:// or unix://)")
     return args
+
+
+def choose_modes(
+    parser: argparse.ArgumentParser, text: str | None, modes: Sequence[str], default: list[str]
+) -> list[str]:
+    """The modes a comma-separated ``--modes`` names, in ``modes``' order (``default``
+    without it); a usage error for an unknown mode, or for none."""
+    chosen = default
+    if text is not None:
+        wanted = {m.strip() for m in text.split(",") if m.strip()}
+        if unknown := wanted - set(modes):
+            parser.error(f"unknown modes {', '.join(sorted(unknown))}; choose from {modes}")
+        chosen = [m for m in modes if m in wanted]
+    if not chosen:
+        parser.error("no modes selected")
+    return chosen
+
+
+def report_console(width: int = 120) -> Console:
+    """A console wide enough for the results table when the output is not a terminal
+    (a log file, a pipe)."""
+    return Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else width)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # Wide enough for the table when the output is not a terminal (a log file, a pipe).
-    console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120)
+    console = report_console()
     tag = uuid.uuid4().hex[:8]
     prefix = f"skbench{tag}_"
     modes: list[str] = args.modes

@@ -34,11 +34,17 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from rich.console import Console
 from rich.table import Table
 
 import shardkit
-from hot_counter import REDIS_SCHEMES, _redis_client, forget_redis_keys, raw_connect
+from hot_counter import (
+    REDIS_SCHEMES,
+    _redis_client,
+    choose_modes,
+    forget_redis_keys,
+    raw_connect,
+    report_console,
+)
 from shardkit.demo import Crew, Op, Phase, Setup, median_phase, ratio, run_grid
 from shardkit.store.sql import SqlStore, engine_from_url
 
@@ -240,28 +246,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.cache is not None and not redis:
         parser.error("--cache must be a Redis URL (redis://, rediss:// or unix://)")
     postgresql = _is_postgresql(args.store)
-    if args.modes is None:
-        args.modes = [
-            m for m in MODES if (postgresql or m not in RAW_MODES) and (redis or m != "ids-redis")
-        ]
-    else:
-        wanted = {m.strip() for m in args.modes.split(",") if m.strip()}
-        if unknown := wanted - set(MODES):
-            parser.error(f"unknown modes {', '.join(sorted(unknown))}; choose from {MODES}")
-        if "ids-redis" in wanted and not redis:
-            parser.error("ids-redis needs a Redis --cache")
-        if wanted & set(RAW_MODES) and not postgresql:
-            parser.error("nextval and update-returning need a PostgreSQL --store")
-        args.modes = [m for m in MODES if m in wanted]
-    if not args.modes:
-        parser.error("no modes selected")
+    default = [
+        m for m in MODES if (postgresql or m not in RAW_MODES) and (redis or m != "ids-redis")
+    ]
+    args.modes = choose_modes(parser, args.modes, MODES, default)
+    if "ids-redis" in args.modes and not redis:
+        parser.error("ids-redis needs a Redis --cache")
+    if set(args.modes) & set(RAW_MODES) and not postgresql:
+        parser.error("nextval and update-returning need a PostgreSQL --store")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # Wide enough for the table when the output is not a terminal (a log file, a pipe).
-    console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120)
+    console = report_console()
     prefix = f"skids{uuid.uuid4().hex[:8]}_"
     modes: list[str] = args.modes
     with contextlib.ExitStack() as stack:

@@ -61,6 +61,7 @@ from rich.console import Console
 from rich.table import Table
 
 import shardkit
+from hot_counter import choose_modes, report_console
 from shardkit.executor import LocalExecutor
 from shardkit.mapper import Batch, KeyRange, TableSource
 from shardkit.store.sql import SqlStore, engine_from_url
@@ -377,22 +378,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--io-wait must be >= 0, --offset-seconds and --timeout > 0")
     if not args.store.split(":", 1)[0].lower().startswith("postgresql"):
         parser.error("the benchmark needs PostgreSQL (--store postgresql://…)")
-    if args.modes is None:
-        args.modes = list(MODES)
-    else:
-        wanted = {m.strip() for m in args.modes.split(",") if m.strip()}
-        if unknown := wanted - set(MODES):
-            parser.error(f"unknown modes {', '.join(sorted(unknown))}; choose from {MODES}")
-        args.modes = [m for m in MODES if m in wanted]
-    if not args.modes:
-        parser.error("no modes selected")
+    args.modes = choose_modes(parser, args.modes, MODES, list(MODES))
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # Wide enough for the table when the output is not a terminal (a log file, a pipe).
-    console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 140)
+    console = report_console(width=140)
     prefix = f"skbench{uuid.uuid4().hex[:8]}_"
     results: list[Result] = []
     with contextlib.ExitStack() as stack:
