@@ -152,9 +152,9 @@ class RangeLedger:
             .group_by(ranges.c.job)
             .subquery()
         )
+        counts = [per_job.c[name] for name in ("pending", "done", "rows", "pages", "depth")]
         statement = (
-            sa.select(jobs, per_job.c.pending, per_job.c.done, per_job.c.rows)
-            .add_columns(per_job.c.pages, per_job.c.depth)
+            sa.select(jobs, *counts)
             .outerjoin(per_job, per_job.c.job == jobs.c.id)
             .order_by(jobs.c.created_at.desc(), jobs.c.id)
         )

@@ -184,14 +184,15 @@ class Mapper:
         range_id: str,
         spec: MapSpec,
     ) -> tuple[str, list[str]] | None:
-        if tx is not None and not self.ledger.lock(tx, job, range_id):
-            return self._stopped(conn, job, range_id)
+        locked = tx is None or self.ledger.lock(tx, job, range_id)
         found = self.ledger.read_range(conn, job, range_id)
         if found is None:
             return FAILED, []
         state, row = found
-        if state != PENDING:
-            return self._stopped(conn, job, range_id)
+        if state != PENDING or not locked:  # unlocked and pending: resumed since; again
+            # A done range's pending children: the run that split it may have died
+            # before submitting them.
+            return state, self.ledger.pending(job, parent=range_id) if state == DONE else []
         rows = spec.source.page(conn, row.range, row.after, spec.page_size)
         after = spec.source.key_of(rows[-1]) if rows else row.after
         children = self._plan(conn, spec, row, rows, after)
@@ -221,13 +222,6 @@ class Mapper:
         if ids is None:
             return None
         return (PENDING, []) if children is None else (DONE, ids)
-
-    def _stopped(self, conn: Connection, job: str, range_id: str) -> tuple[str, list[str]]:
-        """A range that is not pending: its pending children, if it is done."""
-        found = self.ledger.read_range(conn, job, range_id)
-        if found is None or found[0] != DONE:
-            return (found[0] if found else FAILED), []
-        return DONE, self.ledger.pending(job, parent=range_id)
 
     def _plan(
         self, conn: Connection, spec: MapSpec, row: RangeRow, rows: list[Any], after: Key | None
