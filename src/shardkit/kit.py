@@ -21,7 +21,7 @@ from shardkit.counters import (
     ShardedCounter,
 )
 from shardkit.counters.base import log
-from shardkit.counters.buffered import flush_counters
+from shardkit.counters.buffered import Parts, flush_counters, read_parts
 from shardkit.errors import ConfigurationError, CounterKindMismatch, CounterNotFound, ShardkitError
 from shardkit.executor import Executor, LocalExecutor, Marks
 from shardkit.mapper import Batch, Completion, Job, JobStatus, Mapper, MapSpec, Signer
@@ -35,6 +35,7 @@ from shardkit.validation import (
     check_chance,
     check_interval,
     check_job_id,
+    check_kit_options,
     check_mapping,
     check_name,
     check_shards,
@@ -270,6 +271,12 @@ class Kit:
         found.update(totals)
         return {name: found[name] for name in wanted}
 
+    def parts(self, names: Iterable[str]) -> dict[str, Parts]:
+        """The stored and pending parts of many buffered counters (``Parts.total`` is each
+        one's exact value now): one store read and one cache read for all of them.
+        Unknown names read ``Parts(0, 0)``."""
+        return read_parts(self._settings, [check_name(name) for name in names])
+
     def _cache_values(self, totals: dict[str, int]) -> None:
         settings = self._settings
         for name, total in totals.items():
@@ -356,12 +363,7 @@ def connect(
     ``shardkit.contrib.celery.CeleryExecutor``. ``secret`` (default
     ``$SHARDKIT_SECRET``) signs the pickled closures of mapping jobs.
     """
-    if not prefix.isidentifier() or len(prefix) > 40:
-        raise ConfigurationError(f"table prefix must be an identifier, ≤ 40 characters: {prefix!r}")
-    if not cache_ttl > 0 or not key_retention >= 0:
-        raise ConfigurationError("cache_ttl must be > 0 and key_retention ≥ 0")
-    if max_shards < 1:
-        raise ConfigurationError("max_shards must be ≥ 1")
+    check_kit_options(prefix, cache_ttl, max_shards, key_retention)
     store = store or os.environ.get("SHARDKIT_STORE") or DEFAULT_STORE
     the_store = open_store(store, prefix=prefix)
     try:
@@ -376,9 +378,36 @@ def connect(
         the_store.close()
         the_cache.close()
         raise
+    return build(
+        the_store,
+        the_cache,
+        prefix=prefix,
+        cache_ttl=cache_ttl,
+        max_shards=max_shards,
+        key_retention=key_retention,
+        executor=executor,
+        secret=secret,
+    )
+
+
+def build(
+    store: Store,
+    cache: Cache,
+    *,
+    prefix: str = "shardkit_",
+    cache_ttl: float = 5.0,
+    max_shards: int = 1000,
+    key_retention: float = 86400.0,
+    executor: Executor | None = None,
+    secret: str | bytes | None = None,
+) -> Kit:
+    """A kit on a store and a cache that are open already, with ``connect``'s options.
+    Reaches neither: no schema is created and no server is pinged (integrations that
+    manage their own schema, such as the Django app, build their kit with this)."""
+    check_kit_options(prefix, cache_ttl, max_shards, key_retention)
     settings = CounterSettings(
-        store=the_store,
-        cache=the_cache,
+        store=store,
+        cache=cache,
         namespace=f"shardkit:{prefix}:",
         cache_ttl=cache_ttl,
         max_shards=max_shards,

@@ -5,7 +5,13 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from shardkit.errors import InvalidDelta, InvalidName, InvalidShardCount, ValidationError
+from shardkit.errors import (
+    ConfigurationError,
+    InvalidDelta,
+    InvalidName,
+    InvalidShardCount,
+    ValidationError,
+)
 
 MAX_NAME_LENGTH = 200
 MAX_BLOCK = 2**40
@@ -89,3 +95,22 @@ def check_mapping(page_size: object, fanout: object, retries: object) -> None:
     ):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise ValidationError(f"{what} must be an int in [{low}, {high}], not {value!r}")
+
+
+def check_kit_options(
+    prefix: object, cache_ttl: object, max_shards: object, key_retention: object
+) -> None:
+    """Validate a kit's options: ``prefix`` an identifier of at most 40 characters (it
+    begins table names), ``cache_ttl`` > 0, ``max_shards`` ≥ 1, ``key_retention`` ≥ 0."""
+    if not isinstance(prefix, str) or not prefix.isidentifier() or len(prefix) > 40:
+        raise ConfigurationError(f"table prefix must be an identifier, ≤ 40 characters: {prefix!r}")
+    for what, value, positive in (
+        ("cache_ttl", cache_ttl, True),
+        ("key_retention", key_retention, False),
+    ):
+        number = not isinstance(value, bool) and isinstance(value, (int, float))
+        if not number or not (value > 0 if positive else value >= 0):  # type: ignore[operator]
+            bound = "> 0" if positive else "≥ 0"
+            raise ConfigurationError(f"{what} must be a number of seconds {bound}, not {value!r}")
+    if isinstance(max_shards, bool) or not isinstance(max_shards, int) or max_shards < 1:
+        raise ConfigurationError(f"max_shards must be an int ≥ 1, not {max_shards!r}")

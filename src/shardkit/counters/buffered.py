@@ -215,16 +215,7 @@ class BufferedCounter:
     def parts(self) -> Parts:
         """The stored and pending parts of the value: one store read, then one cache read
         (in that order, so a flush between the two is never counted twice)."""
-        settings = self._settings
-        generations = settings.store.generations([self.name]).get(self.name, {})
-        keys = {g: self._keys(g) for g in generations if g != RETIRED}
-        live = settings.cache.get_many([key for pair in keys.values() for key in pair])
-        stored = pending = 0
-        for generation, applied in generations.items():
-            stored += applied.net
-            if generation in keys:
-                pending += _reading(applied, keys[generation], live).net - applied.net
-        return Parts(stored, pending)
+        return read_parts(self._settings, [self.name])[self.name]
 
     def value(self) -> int:
         """The exact value now: stored plus pending."""
@@ -243,6 +234,30 @@ def _reading(applied: Flushed, keys: tuple[str, str], live: dict[str, int]) -> F
     (an absent or re-created key — a dead generation — reads as what was applied)."""
     up, down = (live.get(key, 0) - _BASE for key in keys)
     return Flushed(max(applied.up, up), max(applied.down, down))
+
+
+def read_parts(settings: CounterSettings, names: Iterable[str]) -> dict[str, Parts]:
+    """The stored and pending parts of the buffered counters ``names`` (unknown names
+    read 0): one store read, then one cache read, in that order, so a flush between the
+    two is never counted twice."""
+    wanted = list(dict.fromkeys(names))
+    recorded = settings.store.generations(wanted)
+    keys = {
+        (name, generation): _keys(settings, name, generation)
+        for name, generations in recorded.items()
+        for generation in generations
+        if generation != RETIRED
+    }
+    live = settings.cache.get_many([key for pair in keys.values() for key in pair])
+    parts = dict.fromkeys(wanted, Parts(0, 0))
+    for name, generations in recorded.items():
+        stored = pending = 0
+        for generation, applied in generations.items():
+            stored += applied.net
+            if (name, generation) in keys:
+                pending += _reading(applied, keys[name, generation], live).net - applied.net
+        parts[name] = Parts(stored, pending)
+    return parts
 
 
 def flush_counters(settings: CounterSettings, names: Iterable[str]) -> dict[str, int]:
