@@ -4,6 +4,7 @@ every SQL store, and the signed specs in which jobs travel to other processes.""
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import math
 import random
@@ -17,6 +18,8 @@ from uuid import UUID, uuid4
 import cloudpickle
 import pytest
 import sqlalchemy as sa
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy.dialects import mysql
 
 import shardkit
@@ -31,6 +34,8 @@ from shardkit.errors import (
 from shardkit.executor import Marks
 from shardkit.mapper import Batch, Completion, Job, MapSpec, Signer, TableSource
 from shardkit.mapper.keys import KeyRange
+from shardkit.mapper.runner import split_points
+from shardkit.mapper.source import Sample
 from shardkit.mapper.spec import reference
 from shardkit.store.sql import SqlStore
 
@@ -367,10 +372,62 @@ def test_skewed_keys_split_into_about_full_pages(kit: shardkit.Kit, tables: Tabl
     assert math.ceil(rows / page_size) <= status.pages <= 2 * math.ceil(rows / page_size)
 
 
+@pytest.mark.parametrize("kind", ["sequential", "string", "composite"])
+def test_a_sample_is_thinned_to_its_quantiles_in_the_database(
+    kit: shardkit.Kit, tables: Tables, kind: str
+) -> None:
+    table, _ = key_table(tables, kind, 400)
+    source = TableSource(table, key_arg(table))
+    names = key_names(table)
+    with tables.engine.connect() as conn:
+        ordered = [  # in the database's order (collations differ)
+            key_of(row._mapping, names)
+            for row in conn.execute(sa.select(*(table.c[n] for n in names)).order_by(*names))
+        ]
+        after, rng = ordered[49], KeyRange(None, ordered[350])  # 300 keys: [50, 350)
+        whole = source.sample(conn, rng, after, 1000, 7)
+        assert whole.drawn == 300  # all there is: the quantiles are known exactly
+        assert list(whole.keys) == [ordered[49 + -(-k * 300 // 7)] for k in range(1, 8)]
+        every = source.sample(conn, rng, after, 1000, 300)
+        assert (every.drawn, list(every.keys)) == (300, ordered[50:350])
+        drawn = source.sample(conn, rng, after, 120, 16)
+        assert drawn.drawn == 120
+        assert len(drawn.keys) == 16
+        ranks = [ordered.index(key) for key in drawn.keys]
+        assert ranks == sorted(set(ranks))
+        assert 50 <= ranks[0] and ranks[-1] < 350
+        assert source.sample(conn, KeyRange(None, ordered[0]), None, 10, 4).drawn == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    fanout=st.integers(2, 16),
+    page_size=st.integers(1, 600),
+    data=st.data(),
+)
+def test_a_sample_that_is_all_that_is_left_is_cut_into_pages(
+    fanout: int, page_size: int, data: st.DataObject
+) -> None:
+    size = fanout * max(page_size, 16)
+    points = fanout * 16
+    for drawn in (data.draw(st.integers(1, size - 1)), size):
+        ranks = [-(-k * drawn // points) for k in range(1, points + 1)]
+        keys = sorted(set(ranks))  # the key of rank r is r: r - 1 rows lie below it
+        cuts = split_points(Sample(keys, drawn), size, fanout, page_size)
+        pieces = [b - a for a, b in itertools.pairwise([1, *cuts, drawn + 1])]
+        assert min(pieces) > 0
+        assert max(pieces) - min(pieces) <= 2 * math.ceil(drawn / len(keys)) + 1  # even
+        if drawn == size:  # a full sample: more may be left than it shows
+            assert len(pieces) == fanout
+        elif len(pieces) < fanout:
+            assert max(pieces) <= page_size
+            assert len(pieces) <= math.ceil(drawn / (page_size * 3 / 4))  # hardly more
+
+
 class UnsampledSource(TableSource):
     """A source that cannot sample: the mapper splits between its bounds by arithmetic."""
 
-    def sample(self, conn: Any, rng: Any, after: Any, size: int) -> None:
+    def sample(self, conn: Any, rng: Any, after: Any, size: int, points: int) -> None:
         return None
 
 

@@ -16,7 +16,6 @@ is lost to a crash or a concurrent run is visited again).
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -38,13 +37,14 @@ from shardkit.mapper.ledger import (
     RangeLedger,
     RangeRow,
 )
+from shardkit.mapper.source import Sample
 from shardkit.mapper.spec import MapSpec, Signer
 from shardkit.store.sql import SqlStore
 
 log = logging.getLogger("shardkit")
 
 TASK = "map_range"
-_SAMPLE_PER_CHILD = 16  # at least: a child's size is then known within ~1/sqrt(16)
+_SAMPLE_PER_CHILD = 16  # split points drawn per child (a sample's quantiles)
 _MAX_SAMPLE = 20_000
 _RETRY_DELAY = 0.05  # seconds before the first retry of a failed range; doubles
 _MAX_RETRY_DELAY = 30.0
@@ -233,18 +233,14 @@ class Mapper:
         # Large enough that a sample that is not full is all that is left, so the
         # children can be cut to about a page each.
         size = min(_MAX_SAMPLE, spec.fanout * max(spec.page_size, _SAMPLE_PER_CHILD))
-        sample = spec.source.sample(conn, row.range, after, size)
+        points = spec.fanout * _SAMPLE_PER_CHILD
+        sample = spec.source.sample(conn, row.range, after, size, points)
         if sample is None:
             return self._plan_by_bounds(conn, spec, row, after)
-        if not sample:
+        if not sample.drawn:
             return []
-        parts = spec.fanout
-        if len(sample) < size:  # the sample is all that is left
-            parts = min(parts, math.ceil(len(sample) / spec.page_size))
-        if parts <= 1:
-            return None
-        points = [sample[len(sample) * i // parts] for i in range(1, parts)]
-        return _children(row.range, points, after)
+        cuts = split_points(sample, size, spec.fanout, spec.page_size)
+        return _children(row.range, cuts, after) if cuts else None
 
     def _plan_by_bounds(
         self, conn: Connection, spec: MapSpec, row: RangeRow, after: Key | None
@@ -297,6 +293,21 @@ class Mapper:
         except ShardkitError as again:
             # Left pending in the ledger: Job.resume() or a redelivery picks it up.
             log.warning("job %s: range %s failed (%s) and %s", job, range_id, error, again)
+
+
+def split_points(sample: Sample, size: int, fanout: int, page_size: int) -> list[Key]:
+    """Where to cut what is left of a range, given its ``sample`` of at most ``size``
+    keys: at the sample's ``fanout``-quantiles; or, when fewer were drawn (the sample is
+    all that is left), into as few pieces as hold at most ``page_size`` rows each — none
+    when one page will do. A thinned sample's keys stand for ``drawn / len(keys)`` rows
+    each, so pieces are planned with that much room to spare; that needs more than
+    ``drawn / page_size`` keys, as ``size <= len(keys) * max(page_size, 16)`` gives."""
+    keys, drawn = sample.keys, sample.drawn
+    parts = fanout
+    if drawn < size:
+        spare = 0 if len(keys) >= drawn else -(-drawn // len(keys)) + 1
+        parts = min(parts, -(-drawn // (page_size - spare)))
+    return [keys[len(keys) * i // parts] for i in range(1, parts)]
 
 
 def _children(rng: KeyRange, points: Sequence[Key], after: Key | None) -> _Children:

@@ -10,6 +10,7 @@ selects are wrapped in a ``TableSource``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import sqlalchemy as sa
@@ -17,6 +18,19 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from shardkit.errors import ConfigurationError
 from shardkit.mapper.keys import Key, KeyRange
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Split points drawn from the data: ``drawn`` keys were taken at random from a
+    range, and ``keys`` are the ``points``-quantiles of those, in key order (the
+    database's): the keys of rank ``ceil(k * drawn / points)`` for k = 1…points, each
+    once, so the largest drawn key is last and, when ``drawn <= points``, every drawn key
+    is there. Key ``i`` therefore has about ``(i + 1) * drawn / len(keys)`` drawn keys at
+    or below it."""
+
+    keys: Sequence[Key]
+    drawn: int
 
 
 @runtime_checkable
@@ -31,10 +45,11 @@ class Source(Protocol):
         """The key of a row returned by ``page``."""
 
     def sample(
-        self, conn: Connection, rng: KeyRange, after: Key | None, size: int
-    ) -> Sequence[Key] | None:
-        """Up to ``size`` keys of ``rng`` above ``after``, drawn at random, returned in key
-        order (the database's): all of them when fewer exist. None if this source cannot
+        self, conn: Connection, rng: KeyRange, after: Key | None, size: int, points: int
+    ) -> Sample | None:
+        """Draw up to ``size`` keys of ``rng`` above ``after`` at random (all of them when
+        fewer exist) and return their ``points``-quantiles (see ``Sample``). Only those
+        travel: a database computes them where the keys are. None if this source cannot
         sample; the mapper then splits between the real ``bounds`` by key arithmetic."""
 
     def bounds(self, conn: Connection, rng: KeyRange, after: Key | None) -> tuple[Key, Key] | None:
@@ -116,9 +131,13 @@ class TableSource:
             return row[self.key[0]]  # type: ignore[no-any-return]
         return tuple(row[name] for name in self.key)
 
-    def sample(self, conn: Connection, rng: KeyRange, after: Key | None, size: int) -> list[Key]:
+    def sample(
+        self, conn: Connection, rng: KeyRange, after: Key | None, size: int, points: int
+    ) -> Sample:
         # ORDER BY random() reads the rest of the range once (a top-N sort): the price of
-        # split points that follow the data, however skewed.
+        # split points that follow the data, however skewed. The rank r of a quantile
+        # k * drawn / points (rounded up) is the one whose r * points passes a multiple
+        # of drawn: (r * points) % drawn < points, in integers on every database.
         shuffle = sa.func.rand() if conn.dialect.name in ("mysql", "mariadb") else sa.func.random()
         picked = (
             sa.select(*self._columns)
@@ -127,9 +146,22 @@ class TableSource:
             .limit(size)
             .subquery("shardkit_sample")
         )
-        columns = [picked.c[name] for name in self.key]
-        rows = conn.execute(sa.select(*columns).order_by(*columns))
-        return [self.key_of(row._mapping) for row in rows]
+        keys = [picked.c[name] for name in self.key]
+        ranked = sa.select(
+            *keys,
+            sa.func.row_number().over(order_by=keys).label("shardkit_rank"),
+            sa.func.count().over().label("shardkit_drawn"),
+        ).subquery("shardkit_ranked")
+        columns = [ranked.c[name] for name in self.key]
+        rank, drawn = ranked.c.shardkit_rank, ranked.c.shardkit_drawn
+        every = sa.bindparam("shardkit_points", points, type_=sa.Integer)
+        statement = (
+            sa.select(*columns, drawn).where(rank * every % drawn < every).order_by(*columns)
+        )
+        rows = conn.execute(statement).all()
+        return Sample(
+            [self.key_of(row._mapping) for row in rows], rows[0].shardkit_drawn if rows else 0
+        )
 
     def bounds(self, conn: Connection, rng: KeyRange, after: Key | None) -> tuple[Key, Key] | None:
         def edge(descending: bool) -> Key | None:
@@ -175,4 +207,4 @@ def as_source(obj: Any, key: str | Sequence[str] | None) -> Source:
     )
 
 
-__all__ = ["Source", "TableSource", "as_source"]
+__all__ = ["Sample", "Source", "TableSource", "as_source"]
