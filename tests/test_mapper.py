@@ -395,7 +395,8 @@ def test_a_sample_is_thinned_to_its_quantiles_in_the_database(
         assert len(drawn.keys) == 16
         ranks = [ordered.index(key) for key in drawn.keys]
         assert ranks == sorted(set(ranks))
-        assert 50 <= ranks[0] and ranks[-1] < 350
+        assert ranks[0] >= 50
+        assert ranks[-1] < 350
         assert source.sample(conn, KeyRange(None, ordered[0]), None, 10, 4).drawn == 0
 
 
