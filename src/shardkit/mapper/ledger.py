@@ -10,6 +10,7 @@ outstanding tasks: they break when a task runs twice.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -70,9 +71,53 @@ class RangeLedger:
         self.store = store
         self.jobs = store.jobs_table
         self.ranges = store.ranges_table
+        # The statements of every page, built once: bound by the names p_job, p_range, …
+        r, j = self.ranges, self.jobs
+        self._this = sa.and_(r.c.job == sa.bindparam("p_job"), r.c.id == sa.bindparam("p_range"))
+        running = sa.exists().where(j.c.id == sa.bindparam("p_job"), j.c.state == RUNNING)
+        read = (r.c.lo, r.c.hi, r.c.after, r.c.depth)
+        self._lock = (
+            sa.update(r)
+            .where(self._this, r.c.state == PENDING, running)
+            .values(pages=r.c.pages + 1)
+        )
+        # MySQL has no UPDATE … RETURNING: it reads the locked row back.
+        self._read_locked = sa.select(*read).where(self._this)
+        if not store.dialect.is_mysql:
+            self._lock = self._lock.returning(*read)
+        self._read = (
+            sa.select(*read, r.c.state, j.c.state.label("job_state"))
+            .join(j, j.c.id == r.c.job)
+            .where(self._this)
+        )
+        pending = sa.exists().where(r.c.job == sa.bindparam("p_job"), r.c.state == PENDING)
+        self._claim = (
+            sa.update(j)
+            .where(j.c.id == sa.bindparam("p_job"), j.c.state == RUNNING, ~pending)
+            .values(state=COMPLETE, finished_at=sa.bindparam("p_now"))
+        )
+        self._checkpoints = {
+            shape: self._checkpoint_statement(*shape)
+            for shape in itertools.product((False, True), repeat=3)
+        }
 
     def _range_is(self, job: str, range_id: str) -> Any:
         return sa.and_(self.ranges.c.job == job, self.ranges.c.id == range_id)
+
+    def _checkpoint_statement(self, fresh: bool, count_page: bool, finish: bool) -> sa.Update:
+        """The checkpoint's compare-and-set: of a range with no checkpoint yet (``fresh``)
+        or at ``p_was``; counting a page; marking the range done."""
+        r = self.ranges
+        values: dict[str, Any] = {
+            "after": sa.bindparam("p_after"),
+            "rows": r.c.rows + sa.bindparam("p_rows"),
+        }
+        if count_page:
+            values["pages"] = r.c.pages + 1
+        if finish:
+            values.update(state=DONE, done_at=sa.bindparam("p_now"))
+        was = r.c.after.is_(None) if fresh else r.c.after == sa.bindparam("p_was")
+        return sa.update(r).where(self._this, r.c.state == PENDING, was).values(values)
 
     # -- jobs ----------------------------------------------------------------------------
 
@@ -123,13 +168,7 @@ class RangeLedger:
     def claim_completion(self, conn: Connection, job: str) -> bool:
         """Mark a running job with no pending range complete, in ``conn``'s transaction;
         whether this call did (at most one ever does)."""
-        pending = sa.exists().where(self.ranges.c.job == job, self.ranges.c.state == PENDING)
-        statement = (
-            sa.update(self.jobs)
-            .where(self.jobs.c.id == job, self.jobs.c.state == RUNNING, ~pending)
-            .values(state=COMPLETE, finished_at=time.time())
-        )
-        return conn.execute(statement).rowcount == 1
+        return conn.execute(self._claim, {"p_job": job, "p_now": time.time()}).rowcount == 1
 
     def rows_done(self, conn: Connection, job: str) -> int:
         statement = sa.select(sa.func.coalesce(sa.func.sum(self.ranges.c.rows), 0)).where(
@@ -195,35 +234,27 @@ class RangeLedger:
         )
         self.store.transaction(f"resuming job {job!r}", lambda conn: conn.execute(statement))
 
-    def lock(self, conn: Connection, job: str, range_id: str) -> bool:
-        """In ``conn``'s transaction, take the write lock of a pending range of a running
-        job (a second runner of the same range waits here, then finds it moved on);
-        False if the range is not pending or the job not running."""
-        running = sa.exists().where(self.jobs.c.id == job, self.jobs.c.state == RUNNING)
-        statement = (
-            sa.update(self.ranges)
-            .where(self._range_is(job, range_id), self.ranges.c.state == PENDING, running)
-            .values(pages=self.ranges.c.pages + 1)
-        )
-        return conn.execute(statement).rowcount == 1
+    def take(self, conn: Connection, job: str, range_id: str) -> RangeRow | None:
+        """In ``conn``'s transaction, lock a pending range of a running job and read it (a
+        second runner of the same range waits here, then finds it moved on); None if the
+        range is not pending or the job not running (``read_range`` tells which)."""
+        params = {"p_job": job, "p_range": range_id}
+        if self.store.dialect.is_mysql:
+            if conn.execute(self._lock, params).rowcount != 1:
+                return None
+            found = conn.execute(self._read_locked, params).first()
+        else:
+            found = conn.execute(self._lock, params).first()
+        return None if found is None else _range_row(range_id, found)
 
     def read_range(self, conn: Connection, job: str, range_id: str) -> tuple[str, RangeRow] | None:
         """The range's state and row, with its job's state folded in: a range of a job
         that is not running reads as that job's state."""
-        r, j = self.ranges, self.jobs
-        statement = (
-            sa.select(r.c.lo, r.c.hi, r.c.after, r.c.depth, r.c.state, j.c.state.label("job_state"))
-            .join(j, j.c.id == r.c.job)
-            .where(self._range_is(job, range_id))
-        )
-        row = conn.execute(statement).first()
+        row = conn.execute(self._read, {"p_job": job, "p_range": range_id}).first()
         if row is None:
             return None
         state = row.state if row.job_state == RUNNING else row.job_state
-        found = RangeRow(
-            range_id, KeyRange(load_key(row.lo), load_key(row.hi)), load_key(row.after), row.depth
-        )
-        return state, found
+        return state, _range_row(range_id, row)
 
     def checkpoint(
         self,
@@ -241,23 +272,17 @@ class RangeLedger:
         ``children`` (ranges and their starting checkpoints), record them and mark the
         range done; with ``[]``, mark it done (nothing left); with None, keep it pending.
         Returns the children's ids, or None if another run got there first."""
-        r = self.ranges
         was = dump_key(row.after)
-        values: dict[str, Any] = {"after": dump_key(after), "rows": r.c.rows + rows}
-        if count_page:
-            values["pages"] = r.c.pages + 1
-        if children is not None:
-            values.update(state=DONE, done_at=time.time())
-        statement = (
-            sa.update(r)
-            .where(
-                self._range_is(job, row.id),
-                r.c.state == PENDING,
-                r.c.after.is_(None) if was is None else r.c.after == was,
-            )
-            .values(values)
-        )
-        if conn.execute(statement).rowcount != 1:
+        statement = self._checkpoints[was is None, count_page, children is not None]
+        params = {
+            "p_job": job,
+            "p_range": row.id,
+            "p_was": was,
+            "p_after": dump_key(after),
+            "p_rows": rows,
+            "p_now": time.time(),
+        }
+        if conn.execute(statement, params).rowcount != 1:
             return None
         if not children:
             return []
@@ -310,6 +335,12 @@ class RangeLedger:
             return int(conn.execute(read).scalar_one())
 
         return self.store.transaction(f"recording a failure in job {job!r}", work)
+
+
+def _range_row(range_id: str, row: Any) -> RangeRow:
+    return RangeRow(
+        range_id, KeyRange(load_key(row.lo), load_key(row.hi)), load_key(row.after), row.depth
+    )
 
 
 __all__ = ["JobStatus", "RangeLedger", "RangeRow"]

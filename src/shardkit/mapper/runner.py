@@ -184,15 +184,16 @@ class Mapper:
         range_id: str,
         spec: MapSpec,
     ) -> tuple[str, list[str]] | None:
-        locked = tx is None or self.ledger.lock(tx, job, range_id)
-        found = self.ledger.read_range(conn, job, range_id)
-        if found is None:
-            return FAILED, []
-        state, row = found
-        if state != PENDING or not locked:  # unlocked and pending: resumed since; again
-            # A done range's pending children: the run that split it may have died
-            # before submitting them.
-            return state, self.ledger.pending(job, parent=range_id) if state == DONE else []
+        row = None if tx is None else self.ledger.take(tx, job, range_id)
+        if row is None:
+            found = self.ledger.read_range(conn, job, range_id)
+            if found is None:
+                return FAILED, []
+            state, row = found
+            if state != PENDING or tx is not None:  # not taken, yet pending: resumed; again
+                # A done range's pending children: the run that split it may have died
+                # before submitting them.
+                return state, self.ledger.pending(job, parent=range_id) if state == DONE else []
         rows = spec.source.page(conn, row.range, row.after, spec.page_size)
         after = spec.source.key_of(rows[-1]) if rows else row.after
         children = self._plan(conn, spec, row, rows, after)

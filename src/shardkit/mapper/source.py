@@ -9,6 +9,7 @@ selects are wrapped in a ``TableSource``.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -18,6 +19,8 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from shardkit.errors import ConfigurationError
 from shardkit.mapper.keys import Key, KeyRange
+
+_COMPARE = {"lo": operator.ge, "hi": operator.lt, "after": operator.gt}
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ class TableSource:
             raise ConfigurationError(f"the source has no column {unknown[0]!r} to key on")
         self.key = tuple(names)
         self._columns = [self._from.c[name] for name in names]
+        self._pages: dict[tuple[str, ...], sa.Select[Any]] = {}  # by _edges
 
     def __repr__(self) -> str:
         name = getattr(self.selectable, "name", "select")
@@ -95,36 +99,50 @@ class TableSource:
     def _key_expr(self) -> Any:
         return self._columns[0] if len(self._columns) == 1 else sa.tuple_(*self._columns)
 
-    def _value(self, key: Key) -> Any:
-        if len(self._columns) == 1:
-            return sa.bindparam(None, key, type_=self._columns[0].type)
-        if not isinstance(key, tuple) or len(key) != len(self._columns):
-            raise ConfigurationError(f"a key of {self.key} must be a tuple: {key!r}")
-        return sa.tuple_(
-            *(sa.bindparam(None, v, type_=c.type) for c, v in zip(self._columns, key, strict=True))
-        )
+    def _bound(self, edge: str) -> Any:
+        """The key as bind parameters ``shardkit_{edge}_{i}``, one per key column."""
+        params = [
+            sa.bindparam(f"shardkit_{edge}_{i}", type_=column.type)
+            for i, column in enumerate(self._columns)
+        ]
+        return params[0] if len(params) == 1 else sa.tuple_(*params)
 
-    def _where(self, rng: KeyRange, after: Key | None) -> list[Any]:
+    def _where(self, edges: tuple[str, ...]) -> list[Any]:
+        """The conditions of a range and checkpoint that have ``edges`` (see ``_edges``)."""
         key = self._key_expr()
-        where = []
-        if rng.lo is not None:
-            where.append(key >= self._value(rng.lo))
-        if rng.hi is not None:
-            where.append(key < self._value(rng.hi))
-        if after is not None:
-            where.append(key > self._value(after))
-        return where
+        return [_COMPARE[edge](key, self._bound(edge)) for edge in edges]
+
+    def _edges(self, rng: KeyRange, after: Key | None) -> tuple[tuple[str, ...], dict[str, Any]]:
+        """Which of ``lo``, ``hi`` and ``after`` are set, and their bind parameters: a
+        range's statements differ only by the former, so each shape is built once."""
+        edges: list[str] = []
+        params: dict[str, Any] = {}
+        for edge, key in (("lo", rng.lo), ("hi", rng.hi), ("after", after)):
+            if key is None:
+                continue
+            edges.append(edge)
+            if len(self._columns) == 1:
+                params[f"shardkit_{edge}_0"] = key
+            elif isinstance(key, tuple) and len(key) == len(self._columns):
+                params.update((f"shardkit_{edge}_{i}", v) for i, v in enumerate(key))
+            else:
+                raise ConfigurationError(f"a key of {self.key} must be a tuple: {key!r}")
+        return tuple(edges), params
 
     def page(
         self, conn: Connection, rng: KeyRange, after: Key | None, limit: int
     ) -> list[RowMapping]:
-        statement = (
-            sa.select(self._from)
-            .where(*self._where(rng, after))
-            .order_by(*self._columns)
-            .limit(limit)
-        )
-        return list(conn.execute(statement).mappings())
+        edges, params = self._edges(rng, after)
+        statement = self._pages.get(edges)
+        if statement is None:
+            statement = self._pages[edges] = (
+                sa.select(self._from)
+                .where(*self._where(edges))
+                .order_by(*self._columns)
+                .limit(sa.bindparam("shardkit_limit", type_=sa.Integer))
+            )
+        params["shardkit_limit"] = limit
+        return list(conn.execute(statement, params).mappings().all())
 
     def key_of(self, row: Any) -> Key:
         if len(self.key) == 1:
@@ -139,9 +157,10 @@ class TableSource:
         # k * drawn / points (rounded up) is the one whose r * points passes a multiple
         # of drawn: (r * points) % drawn < points, in integers on every database.
         shuffle = sa.func.rand() if conn.dialect.name in ("mysql", "mariadb") else sa.func.random()
+        edges, params = self._edges(rng, after)
         picked = (
             sa.select(*self._columns)
-            .where(*self._where(rng, after))
+            .where(*self._where(edges))
             .order_by(shuffle)
             .limit(size)
             .subquery("shardkit_sample")
@@ -158,16 +177,19 @@ class TableSource:
         statement = (
             sa.select(*columns, drawn).where(rank * every % drawn < every).order_by(*columns)
         )
-        rows = conn.execute(statement).all()
+        rows = conn.execute(statement, params).all()
         return Sample(
             [self.key_of(row._mapping) for row in rows], rows[0].shardkit_drawn if rows else 0
         )
 
     def bounds(self, conn: Connection, rng: KeyRange, after: Key | None) -> tuple[Key, Key] | None:
+        edges, params = self._edges(rng, after)
+
         def edge(descending: bool) -> Key | None:
             order = [c.desc() for c in self._columns] if descending else self._columns
             row = conn.execute(
-                sa.select(*self._columns).where(*self._where(rng, after)).order_by(*order).limit(1)
+                sa.select(*self._columns).where(*self._where(edges)).order_by(*order).limit(1),
+                params,
             ).first()
             return None if row is None else self.key_of(row._mapping)
 
