@@ -10,6 +10,7 @@ selects are wrapped in a ``TableSource``.
 from __future__ import annotations
 
 import operator
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -219,13 +220,20 @@ class TableSource:
 
 
 def as_source(obj: Any, key: str | Sequence[str] | None) -> Source:
-    """``obj`` as a source: a ``Source`` as it is, a Table or Select wrapped."""
+    """``obj`` as a source: a ``Source`` as it is; a Table or Select, or a Django
+    queryset (``shardkit.contrib.django.source.QuerySetSource``), wrapped."""
     if isinstance(obj, (sa.Table, sa.Select)):
         return TableSource(obj, key)
     if isinstance(obj, Source):
         return obj
+    django_models = sys.modules.get("django.db.models")  # loaded if obj is a queryset
+    if django_models is not None and isinstance(obj, django_models.QuerySet):
+        from shardkit.contrib.django.source import QuerySetSource
+
+        return QuerySetSource(obj, key)  # type: ignore[arg-type]
     raise ConfigurationError(
-        f"a source is a SQLAlchemy Table or Select, or a shardkit Source: {obj!r}"
+        "a source is a SQLAlchemy Table or Select, a Django queryset, or a shardkit "
+        f"Source: {obj!r}"
     )
 
 
