@@ -27,15 +27,24 @@ class Context:
         self.cache = cache
         self.prefix = prefix
         self._kit: shardkit.Kit | None = None
+        self._opened = False
+
+    @classmethod
+    def on_kit(cls, kit: shardkit.Kit) -> Context:
+        """A context whose commands use ``kit`` (an application's; left open)."""
+        context = cls(None, None, "")
+        context._kit = kit
+        return context
 
     @property
     def kit(self) -> shardkit.Kit:
         if self._kit is None:
             self._kit = shardkit.connect(self.store, self.cache, prefix=self.prefix)
+            self._opened = True
         return self._kit
 
     def close(self) -> None:
-        if self._kit is not None:
+        if self._kit is not None and self._opened:
             self._kit.close()
 
 

@@ -1,0 +1,230 @@
+"""Counts on Django models: counting updates through the ORM, reads, admin, templates."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.db import connections, transaction
+from django.db.models import F, Value
+from django.test import Client
+
+from conftest import HeldExecutor
+from shardkit.contrib.django import NotACountingUpdate, kit
+from shardkit.contrib.django.store import DjangoStore
+from shardkit.errors import InvalidDelta
+from videos.models import Video
+
+pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
+
+
+def views(video: Video) -> int:
+    return video.views.value(fresh=True)
+
+
+def test_a_counting_update_moves_the_counter_of_each_matched_object(database: str) -> None:
+    a, b, c = (Video.objects.create(title=title) for title in "abc")
+    assert Video.objects.filter(pk__in=[a.pk, b.pk]).update(views=F("views") + 2) == 2
+    assert Video.objects.filter(pk=a.pk).update(views=F("views") - 3) == 1
+    assert Video.objects.filter(pk=c.pk).update(views=5 + F("views")) == 1
+    assert [views(a), views(b), views(c)] == [-1, 2, 5]
+    assert Video.objects.filter(pk=-1).update(views=F("views") + 1) == 0
+
+
+def test_other_fields_update_in_the_same_call(database: str) -> None:
+    a, b = Video.objects.create(title="a"), Video.objects.create(title="b")
+    matched = Video.objects.filter(pk=a.pk).update(title="renamed", views=F("views") + 1)
+    assert matched == 1
+    assert list(Video.objects.order_by("pk").values_list("title", flat=True)) == ["renamed", "b"]
+    assert (views(a), views(b)) == (1, 0)
+
+
+def test_a_counting_update_shares_the_transaction_of_the_update(database: str) -> None:
+    video = Video.objects.create(title="a")
+    with transaction.atomic(using=database):
+        Video.objects.filter(pk=video.pk).update(title="gone", views=F("views") + 10)
+        video.views.incr(5)
+        assert views(video) == 15  # visible inside the transaction
+        transaction.set_rollback(True, using=database)
+    assert views(video) == 0
+    assert Video.objects.get(pk=video.pk).title == "a"
+    with transaction.atomic(using=database):
+        Video.objects.filter(pk=video.pk).update(views=F("views") + 1)
+    assert views(video) == 1
+
+
+def test_a_rolled_back_update_adds_nothing_to_a_buffered_count(
+    database: str, settings: Any
+) -> None:
+    settings.SHARDKIT = {**settings.SHARDKIT, "EXECUTOR": HeldExecutor()}
+    video = Video.objects.create(title="a")
+    with transaction.atomic(using=database):
+        Video.objects.filter(pk=video.pk).update(likes=F("likes") + 4)
+        assert video.likes.counter.parts().total == 0  # taken when the transaction commits
+        transaction.set_rollback(True, using=database)
+    assert video.likes.value() == 0
+    Video.objects.filter(pk=video.pk).update(likes=F("likes") + 4)
+    assert video.likes.value() == 4
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (5, NotACountingUpdate),
+        (F("views") * 2, NotACountingUpdate),
+        (F("title") + 1, NotACountingUpdate),
+        (F("views") + F("views"), NotACountingUpdate),
+        (Value(3), NotACountingUpdate),
+        (F("views") + 1.5, InvalidDelta),
+        (F("views") + 2**63, InvalidDelta),
+    ],
+)
+def test_an_update_that_is_not_a_counting_update_raises_and_writes_nothing(
+    database: str, value: Any, error: type[Exception]
+) -> None:
+    video = Video.objects.create(title="a")
+    with pytest.raises(error):
+        Video.objects.filter(pk=video.pk).update(title="changed", views=value)
+    assert Video.objects.get(pk=video.pk).title == "a"
+    assert views(video) == 0
+
+
+def test_counts_live_in_the_kits_database_only(database: str) -> None:
+    other = "postgres" if database == "default" else "default"
+    video = Video.objects.create(title="a")
+    with pytest.raises(NotACountingUpdate, match="could not share its transaction"):
+        Video.objects.using(other).filter(pk=video.pk).update(views=F("views") + 1)
+
+
+@pytest.mark.slow
+def test_counting_updates_from_many_threads_are_exact(database: str) -> None:
+    videos = [Video.objects.create(title=f"v{i}") for i in range(3)]
+    threads, rounds = 8, 25
+    start = threading.Barrier(threads)
+    errors: list[BaseException] = []
+
+    def write(index: int) -> None:
+        try:
+            start.wait()
+            for turn in range(rounds):
+                video = videos[(index + turn) % len(videos)]
+                if turn % 5 == 4:
+                    video.views.incr(2)  # through the counter, outside an update
+                else:
+                    Video.objects.filter(pk=video.pk).update(views=F("views") + 1)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    workers = [threading.Thread(target=write, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert not errors, errors
+    # Each thread: 20 updates of +1 and 5 increments of +2.
+    assert sum(views(video) for video in videos) == threads * (20 + 5 * 2)
+    expected = [0] * len(videos)
+    for index in range(threads):
+        for turn in range(rounds):
+            expected[(index + turn) % len(videos)] += 2 if turn % 5 == 4 else 1
+    assert [views(video) for video in videos] == expected
+
+
+def test_with_counts_reads_a_page_of_counts_in_one_store_query(database: str) -> None:
+    videos = [Video.objects.create(title=f"v{i:02}") for i in range(12)]
+    for i, video in enumerate(videos):
+        Video.objects.filter(pk=video.pk).update(views=F("views") + i, likes=F("likes") + 2 * i)
+    store = kit().store
+    assert isinstance(store, DjangoStore)
+    statements: list[str] = []
+    sa.event.listen(store.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    page = list(Video.objects.with_counts("views").order_by("title")[:10])
+    assert len(statements) == 1
+    assert [video.views.value() for video in page] == list(range(10))
+    assert len(statements) == 1  # values read with the page, no query per object
+    both = list(Video.objects.with_counts().order_by("title"))
+    assert [int(video.likes) for video in both] == [2 * i for i in range(12)]
+    assert [str(video.views) for video in both] == [str(i) for i in range(12)]
+
+
+def test_templates_and_the_admin_show_counts(database: str, admin_client: Client) -> None:
+    video = Video.objects.create(title="Hello")
+    Video.objects.filter(pk=video.pk).update(views=F("views") + 7, likes=F("likes") + 3)
+    page = Client().get("/").content.decode()
+    assert "Hello: 7 views, 3 likes" in page
+    changelist = admin_client.get("/admin/videos/video/").content.decode()
+    assert '<td class="field-views">7</td>' in changelist
+    assert '<td class="field-likes">3</td>' in changelist
+    change = admin_client.get(f"/admin/videos/video/{video.pk}/change/").content.decode()
+    assert '<div class="readonly">7</div>' in change
+
+
+def test_buffered_counts_are_flushed_by_the_command(
+    database: str, settings: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    held = HeldExecutor()
+    settings.SHARDKIT = {**settings.SHARDKIT, "EXECUTOR": held}
+    video = Video.objects.create(title="a")
+    Video.objects.filter(pk=video.pk).update(likes=F("likes") + 5)
+    counter = video.likes.counter
+    assert counter.parts() == (0, 5)
+    assert held.submitted == [("flush", {"name": counter.name})]
+    call_command("shardkit_flush", "--all")
+    assert f"{counter.name} +5" in capsys.readouterr().out
+    assert counter.parts() == (5, 0)
+
+
+def test_buffered_counts_are_flushed_by_the_executor(database: str) -> None:
+    video = Video.objects.create(title="a")
+    Video.objects.filter(pk=video.pk).update(likes=F("likes") + 5)
+    counter = video.likes.counter
+    deadline = time.monotonic() + 10  # the model's interval is 1 s
+    while counter.parts().stored != 5 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert counter.parts() == (5, 0)
+
+
+def test_bad_settings_raise_improperly_configured(settings: Any) -> None:
+    for bad in (
+        {"STOER": "default"},
+        {"STORE": "nowhere"},
+        {"CACHE": "carrier-pigeon://"},
+        {"EXECUTOR": "no.such.module:app"},
+        {"EXECUTOR": 42},
+        {"PREFIX": "no spaces"},
+        {"CACHE_TTL": 0},
+    ):
+        with pytest.raises(ImproperlyConfigured, match="SHARDKIT"):
+            settings.SHARDKIT = bad
+
+
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_nothing_happens_at_import_and_ready_raises_improperly_configured() -> None:
+    imported = run_python(
+        "import os; os.environ.pop('DJANGO_SETTINGS_MODULE', None)\n"
+        "import shardkit.contrib.django, shardkit.contrib.django.apps\n"
+        "from django.conf import settings; assert not settings.configured; print('ok')"
+    )
+    assert imported.stdout.strip() == "ok", imported.stderr
+    setup = run_python(
+        "import django; from django.conf import settings\n"
+        "settings.configure(INSTALLED_APPS=['shardkit.contrib.django'], DATABASES={'default': "
+        "{'ENGINE': 'django.db.backends.sqlite3', 'NAME': 'x.sqlite3'}},\n"
+        "    SHARDKIT={'CACHE': 'carrier-pigeon://'})\n"
+        "django.setup()"
+    )
+    assert "ImproperlyConfigured: settings.SHARDKIT: unknown cache URL scheme" in setup.stderr

@@ -1,0 +1,124 @@
+"""Django querysets as mapping sources, and ``manage.py shardkit_jobs``."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import transaction
+from django.db.models import F
+
+from shardkit import Batch, Completion, ConfigurationError
+from shardkit.contrib.django import kit
+from shardkit.contrib.django.source import QuerySetSource
+from shardkit.mapper.spec import Signer
+from videos.models import Account
+
+pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
+
+
+def make_accounts(count: int) -> None:
+    Account.objects.bulk_create(
+        Account(email=f"user{i:05}@example.com", active=i % 4 != 0) for i in range(count)
+    )
+
+
+@pytest.mark.slow
+def test_a_queryset_is_mapped_exactly_once_through_failing_pages(database: str) -> None:
+    make_accounts(3000)
+    failed: set[int] = set()
+    completions: list[int] = []
+    lock = threading.Lock()
+
+    def add_credit(batch: Batch) -> None:
+        assert all(isinstance(row, Account) and row.active for row in batch.rows)
+        ids = [row.pk for row in batch.rows]
+        # Through the ORM, in the transaction that commits the page's checkpoint.
+        Account.objects.filter(pk__in=ids).update(balance=F("balance") + 10)
+        with lock:
+            first = ids[0]
+            if first % 7 == 0 and first not in failed:  # about 1 page in 7 fails once
+                failed.add(first)
+                raise RuntimeError(f"page at {first} failed after its update")
+
+    def notify(completion: Completion) -> None:
+        completions.append(completion.rows)
+
+    job = kit().map(
+        Account.objects.filter(active=True),
+        add_credit,
+        transactional=True,
+        page_size=40,
+        fanout=4,
+        on_complete=notify,
+    )
+    status = job.wait(timeout=120)
+    active = Account.objects.filter(active=True).count()
+    assert failed  # pages did fail, and were retried
+    assert status.state == "complete"
+    assert status.rows == active == 2250
+    assert status.depth >= 2  # the ranges split
+    assert sorted(set(Account.objects.filter(active=True).values_list("balance", flat=True))) == [
+        10
+    ]
+    assert set(Account.objects.filter(active=False).values_list("balance", flat=True)) == {0}
+    assert completions == [active]
+
+
+def test_a_queryset_of_another_database_is_refused(database: str) -> None:
+    other = "postgres" if database == "default" else "default"
+    with pytest.raises(ConfigurationError, match="SHARDKIT"):
+        kit().map(Account.objects.using(other).all(), lambda batch: None)
+    with pytest.raises(ConfigurationError, match="not unique"):
+        kit().map(Account.objects.all(), lambda batch: None, key="active")
+
+
+def test_a_pickled_queryset_source_carries_its_query_not_its_rows(database: str) -> None:
+    make_accounts(20)
+    queryset = Account.objects.filter(active=False, email__startswith="user0001")
+    source = QuerySetSource(queryset)
+    signer = Signer("s3cret")
+    text = signer.dumps(source)
+    assert queryset._result_cache is None  # not evaluated by pickling
+    assert b"user00012@example.com" not in pickle.dumps(source)
+    rebuilt = signer.loads(text)
+    assert isinstance(rebuilt, QuerySetSource)
+    assert list(rebuilt.queryset.values_list("email", flat=True).order_by("email")) == [
+        "user00012@example.com",
+        "user00016@example.com",
+    ]
+
+
+def test_jobs_command_lists_and_shows_jobs(
+    database: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_accounts(50)
+    seen: list[Any] = []
+    job = kit().map(Account.objects.all(), lambda batch: seen.extend(batch.rows), page_size=20)
+    job.wait(timeout=60)
+    assert len(seen) == 50
+    call_command("shardkit_jobs")
+    assert job.id[:8] in capsys.readouterr().out
+    call_command("shardkit_jobs", "status", job.id)
+    shown = capsys.readouterr().out
+    assert "complete" in shown
+    assert "50" in shown
+    with pytest.raises(Exception, match="no job"):
+        call_command("shardkit_jobs", "status", "no-such-job")
+
+
+def test_a_transactional_page_joins_no_outer_transaction(database: str) -> None:
+    """A job started inside the caller's atomic block runs its pages in their own
+    transactions: the caller's rollback does not undo them."""
+    make_accounts(10)
+
+    def add(batch: Batch) -> None:
+        Account.objects.filter(pk__in=[r.pk for r in batch.rows]).update(balance=F("balance") + 1)
+
+    with transaction.atomic(using=database):
+        job = kit().map(Account.objects.all(), add, transactional=True, page_size=4)
+    job.wait(timeout=60)
+    assert set(Account.objects.values_list("balance", flat=True)) == {1}

@@ -1,0 +1,258 @@
+"""Counts on Django models: ``ShardedCount`` and the queryset that routes counting updates.
+
+::
+
+    class Video(models.Model):
+        views = ShardedCount(shards=20)          # or ShardedCount(buffered=True, interval=5)
+        objects = CountingQuerySet.as_manager()
+
+    Video.objects.filter(pk=pk).update(views=F("views") + 1)
+    video.views.incr(); video.views.value()
+    Video.objects.with_counts("views")           # a page's values in one query
+
+A count is not a column: each object's count is a shardkit counter named
+``"<app_label>.<model>.<field>:<pk>"`` in the app's kit, whose store is the database
+``SHARDKIT['STORE']``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Generic, TypeVar
+
+from django.core.exceptions import FieldError
+from django.db import models, transaction
+from django.db.models.expressions import CombinedExpression, Value
+from django.db.models.query import ModelIterable
+
+from shardkit.counters import BufferedCounter, ShardedCounter
+from shardkit.errors import ValidationError
+from shardkit.validation import check_delta, check_interval, check_shards
+
+from .conf import database, kit
+
+_M = TypeVar("_M", bound=models.Model)
+
+
+class NotACountingUpdate(ValidationError, FieldError):
+    """An ``update()`` that sets a count to anything but ``F(count) + n`` or ``- n``."""
+
+
+class ShardedCount:
+    """A count on each object of a model, kept in a shardkit counter, not a column.
+
+    ``ShardedCount(shards=20)`` is a sharded counter: an increment commits in the
+    caller's transaction (a savepoint of it), exactly once. ``ShardedCount(buffered=True,
+    interval=5)`` is a buffered counter: an increment goes to the cache when the
+    caller's transaction commits (``on_commit``; at once outside a transaction) and is
+    flushed to the store within about ``interval`` seconds.
+    """
+
+    def __init__(self, shards: int = 20, *, buffered: bool = False, interval: float = 5.0):
+        self.shards = check_shards(shards, 1_000_000)
+        self.buffered = bool(buffered)
+        self.interval = check_interval(interval)
+        self.name = ""
+        self.model: type[models.Model] | None = None
+
+    def contribute_to_class(self, cls: type[models.Model], name: str) -> None:
+        """Called by Django's model metaclass: become the ``name`` attribute of ``cls``."""
+        self.name = name
+        self.model = cls
+        # A dict of its own per model, so that subclasses add to a copy.
+        cls._shardkit_counts = {**getattr(cls, "_shardkit_counts", {}), name: self}  # type: ignore[attr-defined]
+        setattr(cls, name, self)
+
+    def __get__(self, obj: models.Model | None, owner: type) -> Any:
+        if obj is None:
+            return self
+        return BoundCount(self, obj)
+
+    def __set__(self, obj: models.Model, value: int) -> None:
+        """Remember a value read for ``obj`` (``with_counts`` sets it); the count itself
+        changes only through ``incr``/``decr`` and counting updates."""
+        obj.__dict__[self._loaded] = value
+
+    @property
+    def _loaded(self) -> str:
+        return f"_shardkit_{self.name}"
+
+    def counter_name(self, model: type[models.Model], pk: Any) -> str:
+        """The name of the counter of ``model``'s object ``pk``: named after the model
+        that declares the count (each concrete model, for an abstract one)."""
+        owner = self.model if self.model is not None and not self.model._meta.abstract else model
+        if pk is None:
+            raise ValidationError(f"{owner._meta.label}.{self.name} of an unsaved object")
+        return f"{owner._meta.label_lower}.{self.name}:{pk}"
+
+    def counter(self, model: type[models.Model], pk: Any) -> ShardedCounter | BufferedCounter:
+        """The shardkit counter of ``model``'s object ``pk``."""
+        name = self.counter_name(model, pk)
+        if self.buffered:
+            return kit().buffered(name, self.interval)
+        return kit().sharded(name, self.shards)
+
+    def add(self, model: type[models.Model], pk: Any, delta: int) -> None:
+        """Add ``delta`` to the count of ``model``'s object ``pk`` as part of the
+        transaction open on the kit's database (a buffered count when it commits)."""
+        counter = self.counter(model, pk)
+        if isinstance(counter, BufferedCounter):
+            transaction.on_commit(lambda: counter.incr(delta), using=database())
+        else:
+            counter.incr(delta)
+
+    def __repr__(self) -> str:
+        kind = f"buffered, interval={self.interval}" if self.buffered else f"shards={self.shards}"
+        return f"<ShardedCount {self.name} {kind}>"
+
+
+class BoundCount:
+    """An object's count: ``incr``, ``decr``, ``value``. ``int()`` and ``str()`` give the
+    value, so templates (``{{ video.views }}``), the admin and serializers show it."""
+
+    def __init__(self, count: ShardedCount, obj: models.Model) -> None:
+        self._count = count
+        self._obj = obj
+
+    @property
+    def counter(self) -> ShardedCounter | BufferedCounter:
+        return self._count.counter(type(self._obj), self._obj.pk)
+
+    def incr(self, delta: int = 1) -> None:
+        """Add ``delta``, in the transaction open on the kit's database (see ``ShardedCount``)."""
+        check_delta(delta)
+        self._obj.__dict__.pop(self._count._loaded, None)
+        self._count.add(type(self._obj), self._obj.pk, delta)
+
+    def decr(self, delta: int = 1) -> None:
+        """Subtract ``delta``."""
+        self.incr(-check_delta(delta))
+
+    def value(self, *, fresh: bool = False) -> int:
+        """The count: the value ``with_counts`` read with the object, if it did and not
+        ``fresh``; otherwise read now (a sharded count from the cache unless ``fresh``,
+        stale by at most the kit's cache TTL; a buffered count stored plus pending)."""
+        loaded = self._obj.__dict__.get(self._count._loaded)
+        if loaded is not None and not fresh:
+            return int(loaded)
+        counter = self.counter
+        if isinstance(counter, BufferedCounter):
+            return counter.value()
+        return counter.value(fresh=fresh)
+
+    def __int__(self) -> int:
+        return self.value()
+
+    def __str__(self) -> str:
+        return str(self.value())
+
+    def __repr__(self) -> str:
+        return f"<BoundCount {self._count.counter_name(type(self._obj), self._obj.pk)}>"
+
+
+def counts_of(model: type[models.Model]) -> dict[str, ShardedCount]:
+    """The counts of ``model``, by attribute name."""
+    return dict(getattr(model, "_shardkit_counts", {}))
+
+
+class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
+    """A queryset whose ``update()`` routes counting updates of ``ShardedCount`` fields
+    to their counters, and whose ``with_counts()`` reads a page's counts in one query."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._count_fields: tuple[str, ...] = ()
+
+    def _clone(self) -> CountingQuerySet[_M]:
+        clone: CountingQuerySet[_M] = super()._clone()  # type: ignore[misc]
+        clone._count_fields = self._count_fields
+        return clone
+
+    def update(self, **kwargs: Any) -> int:
+        """Django's ``update``, where a count may be set to ``F(count) + n`` or
+        ``F(count) - n`` only: each matched object's counter moves by ``n`` in the same
+        transaction as the other fields' update (a buffered count when it commits).
+        Returns the number of objects matched. ``NotACountingUpdate`` for any other
+        value of a count, before anything is written."""
+        counts = counts_of(self.model)
+        deltas = {
+            name: _delta(counts[name], kwargs.pop(name)) for name in list(kwargs) if name in counts
+        }
+        if not deltas:
+            return super().update(**kwargs)
+        if self.query.is_sliced:
+            raise TypeError("Cannot update a query once a slice has been taken.")
+        if self.db != database():
+            raise NotACountingUpdate(
+                f"counts live in database {database()!r} (SHARDKIT['STORE']); this update "
+                f"runs on {self.db!r}, so they could not share its transaction"
+            )
+        with transaction.atomic(using=self.db):
+            pks = list(self.values_list("pk", flat=True))
+            matched = len(pks)
+            if kwargs:
+                base = self.model._base_manager.using(self.db)
+                matched = base.filter(pk__in=pks).update(**kwargs)
+            for name, delta in deltas.items():
+                for pk in pks:
+                    counts[name].add(self.model, pk, delta)
+        return matched
+
+    update.alters_data = True  # type: ignore[attr-defined]
+
+    def with_counts(self, *names: str) -> CountingQuerySet[_M]:
+        """This queryset, whose objects come with the values of the counts ``names``
+        (default: all), read for all of them at once when it is evaluated: one store
+        query for sharded counts (cached values first), one store and one cache read
+        for buffered counts. ``obj.views.value()`` then returns the value read."""
+        counts = counts_of(self.model)
+        unknown = [name for name in names if name not in counts]
+        if unknown:
+            raise FieldError(f"{self.model.__name__} has no ShardedCount {unknown[0]!r}")
+        clone: CountingQuerySet[_M] = self.all()
+        clone._count_fields = tuple(dict.fromkeys((*self._count_fields, *(names or counts))))
+        return clone
+
+    def _fetch_all(self) -> None:
+        fetching = self._result_cache is None
+        super()._fetch_all()
+        if fetching and self._count_fields and issubclass(self._iterable_class, ModelIterable):
+            load_counts(self._result_cache or [], self._count_fields)
+
+
+def load_counts(objects: Sequence[models.Model], names: Sequence[str]) -> None:
+    """Read the counts ``names`` of ``objects`` (of one model) into them, all at once."""
+    if not objects:
+        return
+    counts = counts_of(type(objects[0]))
+    for name in names:
+        count = counts[name]
+        wanted = {count.counter_name(type(obj), obj.pk): obj for obj in objects}
+        if count.buffered:
+            values = {key: parts.total for key, parts in kit().parts(wanted).items()}
+        else:
+            values = kit().values(wanted)
+        for key, obj in wanted.items():
+            setattr(obj, name, values[key])
+
+
+def _delta(count: ShardedCount, value: Any) -> int:
+    """``n`` of ``F(count) + n`` / ``n + F(count)`` / ``F(count) - n``."""
+    if isinstance(value, CombinedExpression) and value.connector in ("+", "-"):
+        lhs, rhs = value.lhs, value.rhs
+        if _is_count(lhs, count) and isinstance(rhs, Value):
+            delta = check_delta(rhs.value)
+            return delta if value.connector == "+" else -delta
+        if value.connector == "+" and isinstance(lhs, Value) and _is_count(rhs, count):
+            return check_delta(lhs.value)
+    raise NotACountingUpdate(
+        f"{count.name!r} is a ShardedCount: update it with F({count.name!r}) + n or "
+        f"F({count.name!r}) - n (n an int), not {value!r}"
+    )
+
+
+def _is_count(expression: Any, count: ShardedCount) -> bool:
+    return isinstance(expression, models.F) and expression == models.F(count.name)
+
+
+__all__ = ["BoundCount", "CountingQuerySet", "NotACountingUpdate", "ShardedCount", "counts_of"]

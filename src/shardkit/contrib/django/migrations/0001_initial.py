@@ -1,0 +1,30 @@
+"""shardkit's tables (counters, shards, keys, flushed, maxima, jobs, ranges), named with
+``SHARDKIT['PREFIX']`` and defined once, by the store itself."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import migrations
+
+from shardkit.contrib.django.conf import options
+from shardkit.contrib.django.store import DjangoStore
+
+
+def _store(schema_editor: Any) -> DjangoStore:
+    return DjangoStore(schema_editor.connection.alias, prefix=options()["PREFIX"])
+
+
+def create_tables(apps: Any, schema_editor: Any) -> None:
+    store = _store(schema_editor)
+    store.metadata.create_all(store.engine)
+
+
+def drop_tables(apps: Any, schema_editor: Any) -> None:
+    store = _store(schema_editor)
+    store.metadata.drop_all(store.engine)
+
+
+class Migration(migrations.Migration):
+    initial = True
+    operations = [migrations.RunPython(create_tables, drop_tables)]

@@ -1,0 +1,112 @@
+"""A Django queryset as a mapping source: ``kit().map(Account.objects.filter(active=True), fn)``.
+
+The job's pages are model instances, read in key order by the ORM with ``key > after``
+and ``LIMIT`` (never ``OFFSET``), with the queryset's filters kept. The queryset must be
+on the database of the app's kit (``SHARDKIT['STORE']``): its reads then run on the
+connection of the page's transaction, so in a transactional job ORM writes made by
+``fn`` commit with the checkpoint, exactly once.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+from django.apps import apps
+from django.db import models
+from sqlalchemy.engine import Connection
+
+from shardkit.errors import ConfigurationError
+from shardkit.mapper.keys import Key, KeyRange
+from shardkit.mapper.source import Sample
+
+from .conf import database
+from .store import DjangoConnection
+
+
+class QuerySetSource:
+    """A queryset keyed by one unique field (default: the primary key)."""
+
+    def __init__(self, queryset: models.QuerySet[Any], key: str | None = None) -> None:
+        if key is not None and not isinstance(key, str):
+            raise ConfigurationError("a queryset is mapped by one unique field: key='id'")
+        meta = queryset.model._meta
+        field = meta.pk if key in (None, "pk") else meta.get_field(key)
+        if not (field.primary_key or field.unique):
+            raise ConfigurationError(
+                f"{meta.label}.{field.name} is not unique: map by a unique key"
+            )
+        if queryset.query.is_sliced:
+            raise ConfigurationError("a sliced queryset cannot be mapped: filter it instead")
+        if queryset.db != database():
+            raise ConfigurationError(
+                f"the queryset reads database {queryset.db!r}; map querysets of the kit's "
+                f"database {database()!r} (SHARDKIT['STORE']), whose transactions it shares"
+            )
+        self.queryset = queryset.order_by()
+        self.key = field.attname
+
+    def __repr__(self) -> str:
+        return f"<QuerySetSource {self.queryset.model._meta.label} key={self.key}>"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A queryset pickles its evaluated rows; its query pickles as the query.
+        model = self.queryset.model._meta.label
+        return (_rebuild, (model, pickle.dumps(self.queryset.query), self.queryset.db, self.key))
+
+    def _within(self, conn: Connection, rng: KeyRange, after: Key | None) -> models.QuerySet[Any]:
+        """The queryset's rows in ``rng`` above ``after``, read on ``conn``'s connection."""
+        dbapi = conn.connection.dbapi_connection
+        if not isinstance(dbapi, DjangoConnection) or dbapi.alias != self.queryset.db:
+            raise ConfigurationError(
+                "a queryset is mapped by the Django app's kit: shardkit.contrib.django.kit()"
+            )
+        lookups = {}
+        if rng.lo is not None:
+            lookups[f"{self.key}__gte"] = rng.lo
+        if rng.hi is not None:
+            lookups[f"{self.key}__lt"] = rng.hi
+        if after is not None:
+            lookups[f"{self.key}__gt"] = after
+        within: models.QuerySet[Any] = self.queryset.filter(**lookups)
+        return within
+
+    def page(self, conn: Connection, rng: KeyRange, after: Key | None, limit: int) -> list[Any]:
+        return list(self._within(conn, rng, after).order_by(self.key)[:limit])
+
+    def key_of(self, row: Any) -> Key:
+        return getattr(row, self.key)  # type: ignore[no-any-return]
+
+    def sample(
+        self, conn: Connection, rng: KeyRange, after: Key | None, size: int, points: int
+    ) -> Sample:
+        picked = self._within(conn, rng, after).order_by("?").values(self.key)[:size]
+        keys = list(
+            self.queryset.filter(**{f"{self.key}__in": picked})
+            .order_by(self.key)
+            .values_list(self.key, flat=True)
+        )
+        drawn = len(keys)
+        ranks = sorted({-(-k * drawn // points) for k in range(1, points + 1)} - {0})
+        return Sample([keys[rank - 1] for rank in ranks], drawn)
+
+    def bounds(self, conn: Connection, rng: KeyRange, after: Key | None) -> tuple[Key, Key] | None:
+        edges = self._within(conn, rng, after).aggregate(
+            low=models.Min(self.key), high=models.Max(self.key)
+        )
+        return None if edges["low"] is None else (edges["low"], edges["high"])
+
+    def count(self, conn: Connection) -> int:
+        return int(self.queryset.count())
+
+    def portable(self) -> None:
+        return None  # a queryset's filters travel pickled, signed with the kit's secret
+
+
+def _rebuild(model: str, query: bytes, db: str, key: str) -> QuerySetSource:
+    queryset = apps.get_model(model)._base_manager.using(db).all()
+    queryset.query = pickle.loads(query)  # signed with the job's payload
+    return QuerySetSource(queryset, key)
+
+
+__all__ = ["QuerySetSource"]

@@ -1,0 +1,118 @@
+"""shardkit's SQL store on a Django database: Django's connection, no second pool.
+
+The store's SQLAlchemy engine hands out, in each thread, the DB-API connection that
+Django holds for that thread (``django.db.connections[alias]``), and every transaction
+SQLAlchemy runs on it is a Django ``atomic`` block: a transaction of its own outside
+any atomic block, a savepoint inside one. So a shard write made while the caller's
+transaction is open commits or rolls back with it, and Django's ``on_commit`` hooks,
+``needs_rollback`` and connection management keep working as they do for the ORM.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, cast
+
+import sqlalchemy as sa
+from django.db import connections, transaction
+from django.db.transaction import Atomic
+from sqlalchemy.pool import SingletonThreadPool
+
+from shardkit.errors import ConfigurationError
+from shardkit.store.sql import SqlStore
+
+# Django's database vendor -> SQLAlchemy's dialect, for the drivers shardkit supports.
+_DIALECTS = {"postgresql": "postgresql", "sqlite": "sqlite"}
+
+
+class _Rollback(Exception):
+    """Passed to ``Atomic.__exit__`` to roll the block back."""
+
+
+class DjangoConnection:
+    """A DB-API connection for SQLAlchemy over Django's connection ``alias`` of the
+    thread that created it.
+
+    The first cursor of a transaction enters a Django atomic block; ``commit`` leaves it
+    (committing, or releasing the savepoint), ``rollback`` and ``close`` leave it rolling
+    back. Closing never closes Django's connection, and from another thread (the pool
+    recycling the connections of finished threads) does nothing. Anything else is the
+    connection Django holds now (it may reconnect between requests).
+    """
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+        self._thread = threading.get_ident()
+        self._atomic: Atomic | None = None
+
+    @property
+    def _raw(self) -> Any:
+        django_connection = connections[self.alias]
+        django_connection.ensure_connection()
+        return django_connection.connection
+
+    def cursor(self, *args: Any, **kwargs: Any) -> Any:
+        if self._atomic is None:
+            atomic = transaction.atomic(using=self.alias)
+            atomic.__enter__()
+            self._atomic = atomic
+        return self._raw.cursor(*args, **kwargs)
+
+    def commit(self) -> None:
+        atomic, self._atomic = self._atomic, None
+        if atomic is not None:
+            atomic.__exit__(None, None, None)
+
+    def rollback(self) -> None:
+        atomic, self._atomic = self._atomic, None
+        if atomic is not None:
+            atomic.__exit__(_Rollback, _Rollback(), None)
+
+    def close(self) -> None:
+        if threading.get_ident() == self._thread:
+            self.rollback()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
+def django_engine(alias: str) -> sa.Engine:
+    """A SQLAlchemy engine whose connections are Django's connection ``alias``, one per
+    thread as Django keeps them."""
+    if alias not in connections:
+        raise ConfigurationError(f"no database {alias!r} in settings.DATABASES")
+    django_connection = connections[alias]
+    dialect = _DIALECTS.get(django_connection.vendor)
+    if dialect is None:
+        raise ConfigurationError(
+            f"database {alias!r} is {django_connection.vendor}: shardkit's Django app "
+            f"runs on {' and '.join(sorted(_DIALECTS))}"
+        )
+    driver = cast(Any, django_connection).Database.__name__.partition(".")[0]
+    if dialect == "sqlite":
+        driver = "pysqlite"
+    # No dialect option that hands the DB-API connection to the driver's own functions
+    # (psycopg's TypeInfo.fetch wants its Connection class, not this stand-in).
+    options = {"use_native_hstore": False} if dialect == "postgresql" else {}
+    return sa.create_engine(
+        f"{dialect}+{driver}://",
+        creator=lambda: DjangoConnection(alias),
+        **options,
+        # One connection per thread, like Django's; past pool_size threads, those of
+        # other threads are dropped (a thread that is still alive gets a new one).
+        poolclass=SingletonThreadPool,
+        pool_size=64,
+    )
+
+
+class DjangoStore(SqlStore):
+    """The SQL store on Django's database ``alias``. Its tables come from the app's
+    migrations (``manage.py migrate shardkit``); every write is a Django atomic block."""
+
+    def __init__(self, alias: str, *, prefix: str = "shardkit_") -> None:
+        super().__init__(django_engine(alias), prefix=prefix, held_writes=False)
+        self.alias = alias
+        self.url = f"django://{alias}"
+
+
+__all__ = ["DjangoConnection", "DjangoStore", "django_engine"]
