@@ -334,9 +334,13 @@ class SqlStore:
                 raise self._error(exc, action) from exc
         raise AssertionError("unreachable")
 
-    def read(self, action: str, statement: sa.Executable) -> list[Any]:
+    def read(self, action: str, statement: sa.Executable, *, autocommit: bool = False) -> list[Any]:
+        """Run a query and return its rows; with ``autocommit``, outside any transaction
+        (no BEGIN or ROLLBACK around it: it sees whatever was committed before it)."""
         try:
             with self.engine.connect() as conn:
+                if autocommit:
+                    conn.execution_options(isolation_level="AUTOCOMMIT")
                 return list(conn.execute(statement))
         except SQLAlchemyError as exc:
             raise self._error(exc, action) from exc
