@@ -31,7 +31,7 @@ from shardkit.errors import (
     UntrustedPayload,
     ValidationError,
 )
-from shardkit.executor import Marks
+from shardkit.executor import LocalExecutor, Marks
 from shardkit.mapper import Batch, Completion, Job, MapSpec, Signer, TableSource
 from shardkit.mapper.keys import KeyRange
 from shardkit.mapper.runner import split_points
@@ -444,6 +444,32 @@ def test_a_source_that_cannot_sample_is_split_by_bisection(
     assert (status.state, status.rows) == ("complete", 1000)
     assert status.depth >= 1
     assert status.done > 1
+
+
+def test_only_a_range_that_finds_nothing_pending_tries_to_complete_the_job(
+    kit: shardkit.Kit, tables: Tables
+) -> None:
+    table, initial = key_table(tables, "sequential", 1000)
+    engine = sql_store(kit).engine
+    commits: list[object] = []
+
+    def count(conn: sa.Connection) -> None:
+        commits.append(conn)
+
+    sa.event.listen(engine, "commit", count)
+    try:
+        job = kit.map(table, add_ten(table), transactional=True, page_size=50)
+        status = job.wait(WAIT)
+    finally:
+        sa.event.remove(engine, "commit", count)
+
+    assert values(kit, table) == plus(initial, 10)
+    assert status.state == "complete"
+    # The job, its estimate, a transaction per page, and completion tried only by ranges
+    # that finished when nothing else was pending (as many as finish together, at most).
+    assert isinstance(kit.executor, LocalExecutor)
+    assert len(commits) <= 2 + status.pages + kit.executor.workers
+    assert status.done > 2 * kit.executor.workers  # many ranges finished
 
 
 # -- idempotency, failure, resume, cancel ---------------------------------------------------

@@ -96,6 +96,7 @@ class RangeLedger:
             .where(j.c.id == sa.bindparam("p_job"), j.c.state == RUNNING, ~pending)
             .values(state=COMPLETE, finished_at=sa.bindparam("p_now"))
         )
+        self._any_pending = sa.select(pending)
         self._checkpoints = {
             shape: self._checkpoint_statement(*shape)
             for shape in itertools.product((False, True), repeat=3)
@@ -169,6 +170,12 @@ class RangeLedger:
         """Mark a running job with no pending range complete, in ``conn``'s transaction;
         whether this call did (at most one ever does)."""
         return conn.execute(self._claim, {"p_job": job, "p_now": time.time()}).rowcount == 1
+
+    def any_pending(self, job: str) -> bool:
+        """Whether a range of ``job`` is pending, read outside any transaction (one round
+        trip): it sees every range whose transaction committed before it."""
+        statement = self._any_pending.params(p_job=job)
+        return bool(self.store.read(f"reading job {job!r}", statement, autocommit=True)[0][0])
 
     def rows_done(self, conn: Connection, job: str) -> int:
         statement = sa.select(sa.func.coalesce(sa.func.sum(self.ranges.c.rows), 0)).where(

@@ -258,7 +258,10 @@ class Mapper:
 
     def _complete(self, job: str, spec: MapSpec) -> None:
         """Mark the job complete if no range is pending, and run ``on_complete`` in the
-        same transaction: at most one call ever commits."""
+        same transaction: at most one call ever commits. Called after a range's last
+        commit: of ranges that finish together, the last to look finds none pending, so a
+        look outside any transaction spares the others a transaction. A failure here
+        fails the job (``resume()`` completes it)."""
 
         def work(conn: Connection) -> bool:
             if not self.ledger.claim_completion(conn, job):
@@ -268,12 +271,14 @@ class Mapper:
             return True
 
         try:
-            if self.store.transaction(f"completing job {job!r}", work):
+            if not self.ledger.any_pending(job) and self.store.transaction(
+                f"completing job {job!r}", work
+            ):
                 log.info("job %s complete", job)
         except Exception as exc:
             error = _describe(exc)
-            self.ledger.set_state(job, FAILED, when=[RUNNING], error=f"on_complete: {error}")
-            log.warning("job %s: on_complete failed: %s", job, error)
+            self.ledger.set_state(job, FAILED, when=[RUNNING], error=f"completing: {error}")
+            log.warning("job %s: completing failed: %s", job, error)
 
     def _failed(self, job: str, range_id: str, exc: Exception) -> None:
         """Count a failed attempt and retry the range later, until ``retries`` is spent;
