@@ -137,3 +137,89 @@ def test_a_forked_child_starts_with_an_empty_executor(namespace: str) -> None:
     assert os.waitstatus_to_exitcode(status) == 0
     executor.close()
     assert len(recorder.calls) == 1
+
+
+class Tree:
+    """A task that submits ``fanout`` children down to ``depth``, recording the order
+    in which tasks run and the most that ever waited to run."""
+
+    def __init__(self, fanout: int, depth: int) -> None:
+        self.fanout, self.depth = fanout, depth
+        self.executor: LocalExecutor | None = None
+        self.order: list[str] = []
+        self.waiting = self.most_waiting = 0
+        self.ran = threading.Semaphore(0)
+        self._lock = threading.Lock()
+
+    def nodes(self) -> int:
+        return sum(self.fanout**level for level in range(self.depth + 1))
+
+    def __call__(self, args: Mapping[str, Any]) -> None:
+        path = args["path"]
+        with self._lock:
+            self.order.append(path)
+            self.waiting -= 1
+        if len(path) <= self.depth:
+            assert self.executor is not None
+            for child in range(self.fanout):
+                with self._lock:
+                    self.waiting += 1
+                    self.most_waiting = max(self.most_waiting, self.waiting)
+                self.executor.submit("node", {"path": f"{path}{child}"})
+        self.ran.release()
+
+    def run(self, executor: LocalExecutor, cache: Cache, namespace: str) -> None:
+        self.executor = executor
+        executor.bind({"node": self}, Marks(cache, namespace))
+        with self._lock:
+            self.waiting += 1
+        executor.submit("node", {"path": "r"})
+        for _ in range(self.nodes()):
+            assert self.ran.acquire(timeout=30), "a task never ran"
+        executor.close()
+
+
+def test_follow_up_tasks_run_newest_first_so_a_tree_is_walked_depth_first(
+    cache: Cache, namespace: str
+) -> None:
+    tree = Tree(fanout=2, depth=2)
+    tree.run(LocalExecutor(workers=1), cache, namespace)
+    assert tree.order == ["r", "r1", "r11", "r10", "r0", "r01", "r00"]
+
+
+def test_a_tree_of_tasks_keeps_few_waiting(cache: Cache, namespace: str) -> None:
+    tree = Tree(fanout=4, depth=5)
+    workers = 2
+    tree.run(LocalExecutor(workers=workers), cache, namespace)
+    assert sorted(tree.order) == sorted(set(tree.order))
+    assert len(tree.order) == tree.nodes() == 1365
+    # Breadth first, the 1,024 leaves would all wait at once.
+    assert tree.most_waiting <= workers * tree.fanout * tree.depth
+
+
+def test_tasks_from_outside_run_before_follow_ups(cache: Cache, namespace: str) -> None:
+    recorder = Recorder()
+    executor = LocalExecutor(workers=1)
+    followed, go_on = threading.Event(), threading.Event()
+
+    def first(args: Mapping[str, Any]) -> None:
+        executor.submit("later", {"n": 1})
+        executor.submit("later", {"n": 2})
+        followed.set()
+        assert go_on.wait(10)  # the only worker is busy while "outside" arrives
+        recorder.task("first")(args)
+
+    tasks = {"first": first, "later": recorder.task("later"), "outside": recorder.task("outside")}
+    executor.bind(tasks, Marks(cache, namespace))
+    executor.submit("first", {})
+    assert followed.wait(10)
+    executor.submit("outside", {})
+    go_on.set()
+    recorder.wait(4)
+    executor.close()
+    assert [(name, args) for name, args, _ in recorder.calls] == [
+        ("first", {}),
+        ("outside", {}),
+        ("later", {"n": 2}),
+        ("later", {"n": 1}),
+    ]

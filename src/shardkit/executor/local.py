@@ -1,8 +1,9 @@
-"""The local executor: a thread pool and a timer thread, inside the process. The default."""
+"""The local executor: worker threads and a timer thread, inside the process. The default."""
 
 from __future__ import annotations
 
 import atexit
+import collections
 import heapq
 import itertools
 import logging
@@ -10,7 +11,6 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from shardkit._fork import reset_in_child
@@ -19,10 +19,18 @@ from shardkit.executor.base import Marks, Task
 
 log = logging.getLogger("shardkit")
 
+_Entry = tuple[str, Mapping[str, Any]]
+
 
 class LocalExecutor:
     """Runs tasks on ``workers`` threads of this process; delayed tasks wait in a heap
     watched by one timer thread. Threads start on the first submission.
+
+    Tasks submitted from outside the workers (and delayed tasks, when due) run first come,
+    first served, before any other. Tasks that a running task submits — its follow-up
+    work, such as a mapping range's children — run newest first: a tree of tasks is walked
+    depth first, so what waits is about ``fanout * depth`` tasks per worker, not a task
+    for every pending node of the tree.
 
     ``close()`` — called by ``Kit.close()`` and at interpreter exit — runs every delayed
     task at once and waits for all of them, so nothing submitted is dropped by a clean
@@ -43,10 +51,14 @@ class LocalExecutor:
         atexit.register(_close_at_exit, weakref.ref(self))
 
     def _reset(self) -> None:
-        self._lock = threading.Condition()
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)  # workers wait here for tasks
+        self._timed = threading.Condition(self._lock)  # the timer waits here
         self._due: list[tuple[float, int, str, Mapping[str, Any]]] = []
         self._order = itertools.count()
-        self._pool: ThreadPoolExecutor | None = None
+        self._arrived: collections.deque[_Entry] = collections.deque()  # from outside: FIFO
+        self._followups: list[_Entry] = []  # from the workers' tasks: a stack
+        self._threads: list[threading.Thread] = []
         self._timer: threading.Thread | None = None
         self._closed = False
 
@@ -79,17 +91,33 @@ class LocalExecutor:
             if self._closed:
                 raise ConfigurationError(f"{self.url} is closed")
             if delay <= 0:
-                self._start_pool().submit(self._run, task, args)
+                self._queue(task, args, followup=threading.current_thread() in self._threads)
             else:
                 heapq.heappush(self._due, (time.monotonic() + delay, next(self._order), task, args))
                 self._start_timer()
-                self._lock.notify()
+                self._timed.notify()
         return True
 
-    def _start_pool(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="shardkit")
-        return self._pool
+    def _queue(self, task: str, args: Mapping[str, Any], *, followup: bool) -> None:
+        """Queue a task for the workers, starting them if need be. Holds the lock."""
+        (self._followups if followup else self._arrived).append((task, args))
+        if not self._threads:
+            for n in range(self.workers):
+                thread = threading.Thread(target=self._work, name=f"shardkit-{n}", daemon=True)
+                self._threads.append(thread)
+                thread.start()
+        self._ready.notify()
+
+    def _work(self) -> None:
+        """A worker: run queued tasks until the executor is closed and none is left."""
+        while True:
+            with self._lock:
+                while not (self._arrived or self._followups):
+                    if self._closed:
+                        return
+                    self._ready.wait()
+                task, args = self._arrived.popleft() if self._arrived else self._followups.pop()
+            self._run(task, args)
 
     def _start_timer(self) -> None:
         if self._timer is None:
@@ -97,18 +125,18 @@ class LocalExecutor:
             self._timer.start()
 
     def _watch(self) -> None:
-        """Hand each delayed task to the pool when it comes due."""
+        """Queue each delayed task when it comes due."""
         with self._lock:
             while not self._closed:
                 if not self._due:
-                    self._lock.wait()
+                    self._timed.wait()
                     continue
                 wait = self._due[0][0] - time.monotonic()
                 if wait > 0:
-                    self._lock.wait(wait)
+                    self._timed.wait(wait)
                     continue
                 _, _, task, args = heapq.heappop(self._due)
-                self._start_pool().submit(self._run, task, args)
+                self._queue(task, args, followup=False)
 
     def _run(self, task: str, args: Mapping[str, Any]) -> None:
         try:
@@ -124,12 +152,14 @@ class LocalExecutor:
                 return
             self._closed = True
             due, self._due = self._due, []
-            self._lock.notify()
-        # Run here, not on the pool: at interpreter exit the pool takes no more work.
+            self._timed.notify()
+            self._ready.notify_all()
+        # Run here, not on the workers: they stop once nothing is queued.
         for _, _, task, args in sorted(due):
             self._run(task, args)
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join()
 
 
 def _close_at_exit(ref: weakref.ref[LocalExecutor]) -> None:
