@@ -85,7 +85,10 @@ class Workers:
         number = len(self.started)
         config = replace(self.config, fault=fault)
         path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
-        env = {**os.environ, **config.environ(), "PYTHONPATH": path}
+        # Not Django workers: pytest-django has put the example site's settings in the
+        # environment, and Celery would set Django up for a worker that has them.
+        inherited = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+        env = {**inherited, **config.environ(), "PYTHONPATH": path}
         command = [
             sys.executable,
             "-m",

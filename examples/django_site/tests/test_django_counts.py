@@ -16,10 +16,10 @@ from django.db import connections, transaction
 from django.db.models import F, Value
 from django.test import Client
 
-from conftest import HeldExecutor
 from shardkit.contrib.django import NotACountingUpdate, kit
 from shardkit.contrib.django.store import DjangoStore
 from shardkit.errors import InvalidDelta
+from tests.conftest import HeldExecutor
 from videos.models import Video
 
 pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")

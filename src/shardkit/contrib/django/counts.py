@@ -97,7 +97,9 @@ class ShardedCount:
         transaction open on the kit's database (a buffered count when it commits)."""
         counter = self.counter(model, pk)
         if isinstance(counter, BufferedCounter):
-            transaction.on_commit(lambda: counter.incr(delta), using=database())
+            # robust: the transaction has committed; a cache that fails now loses this
+            # increment (logged), as a cache that loses its data would.
+            transaction.on_commit(lambda: counter.incr(delta), using=database(), robust=True)
         else:
             counter.incr(delta)
 
@@ -188,7 +190,8 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
                 f"runs on {self.db!r}, so they could not share its transaction"
             )
         with transaction.atomic(using=self.db):
-            pks = list(self.values_list("pk", flat=True))
+            # In key order: concurrent updates take their shard rows' locks in one order.
+            pks = list(self.order_by("pk").values_list("pk", flat=True))
             matched = len(pks)
             if kwargs:
                 base = self.model._base_manager.using(self.db)
