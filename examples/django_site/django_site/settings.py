@@ -103,4 +103,6 @@ if os.environ.get("CI", "").lower() == "true" or _answers(
 SHARDKIT = {
     "STORE": "default",
     "CACHE": os.environ.get("SHARDKIT_CACHE", "memory://"),
+    # "EXECUTOR": "django_site.celery:app",  # shardkit's tasks on Celery workers
 }
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/14")

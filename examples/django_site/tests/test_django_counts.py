@@ -228,3 +228,15 @@ def test_nothing_happens_at_import_and_ready_raises_improperly_configured() -> N
         "django.setup()"
     )
     assert "ImproperlyConfigured: settings.SHARDKIT: unknown cache URL scheme" in setup.stderr
+
+
+def test_a_celery_app_named_in_settings_runs_the_kits_tasks(settings: Any) -> None:
+    from celery import Celery
+
+    from shardkit.contrib.celery import CeleryExecutor
+
+    settings.SHARDKIT = {**settings.SHARDKIT, "EXECUTOR": "django_site.celery:app"}
+    executor = kit().executor
+    assert isinstance(executor, CeleryExecutor)
+    assert isinstance(executor.app, Celery)
+    assert {"shardkit.flush", "shardkit.flush_all", "shardkit.map_range"} <= set(executor.app.tasks)
