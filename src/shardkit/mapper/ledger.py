@@ -97,6 +97,13 @@ class RangeLedger:
             .values(state=COMPLETE, finished_at=sa.bindparam("p_now"))
         )
         self._any_pending = sa.select(pending)
+        self._another = (
+            sa.select(r.c.id)
+            .where(r.c.job == sa.bindparam("p_job"), r.c.state == PENDING)
+            .where(r.c.id != sa.bindparam("p_range"))
+            .limit(1)
+            .with_for_update(skip_locked=True)
+        )
         self._checkpoints = {
             shape: self._checkpoint_statement(*shape)
             for shape in itertools.product((False, True), repeat=3)
@@ -170,6 +177,14 @@ class RangeLedger:
         """Mark a running job with no pending range complete, in ``conn``'s transaction;
         whether this call did (at most one ever does)."""
         return conn.execute(self._claim, {"p_job": job, "p_now": time.time()}).rowcount == 1
+
+    def hold_another(self, conn: Connection, job: str, range_id: str) -> bool:
+        """In ``conn``'s transaction, lock a pending range of ``job`` other than
+        ``range_id`` that no other transaction holds; whether there was one. Its next run
+        waits for this transaction to commit, so it finishes after it (SQLite, with one
+        writer at a time, needs no lock)."""
+        params = {"p_job": job, "p_range": range_id}
+        return conn.execute(self._another, params).first() is not None
 
     def any_pending(self, job: str) -> bool:
         """Whether a range of ``job`` is pending, read outside any transaction (one round

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy.engine import Connection
 
@@ -50,6 +50,16 @@ _RETRY_DELAY = 0.05  # seconds before the first retry of a failed range; doubles
 _MAX_RETRY_DELAY = 30.0
 
 _Children = list[tuple[KeyRange, Key | None]]
+
+
+class _Next(NamedTuple):
+    """What follows a page: go on in place (``pending``), stop (``done``, having split
+    into ``children``, or the state of a range or job that stops the task); and whether
+    to try to complete the job."""
+
+    state: str
+    children: Sequence[str] = ()
+    complete: bool = False
 
 
 class Mapper:
@@ -147,13 +157,12 @@ class Mapper:
                 step = self._step(job, range_id, spec)
                 if step is None:
                     continue  # another run moved the checkpoint first: read it again
-                state, children = step
-                if state == PENDING:
+                if step.state == PENDING:
                     continue
-                if state == DONE:
-                    self._submit(job, children)
-                    if not children:
-                        self._complete(job, spec)
+                if step.state == DONE:
+                    self._submit(job, step.children)
+                if step.complete:
+                    self._complete(job, spec)
                 return
         except Exception as exc:
             self._failed(job, range_id, exc)
@@ -165,9 +174,8 @@ class Mapper:
                 count = spec.source.count(conn)
             self.ledger.set_estimate(job, count)
 
-    def _step(self, job: str, range_id: str, spec: MapSpec) -> tuple[str, list[str]] | None:
-        """Visit one page. Returns (state, children to submit): ``pending`` to go on in
-        place, ``done``, or the state that stops the task; None to read again."""
+    def _step(self, job: str, range_id: str, spec: MapSpec) -> _Next | None:
+        """Visit one page. Returns what comes next (None: read the range again)."""
         if spec.transactional:
             return self.store.transaction(
                 f"mapping a range of job {job!r}",
@@ -183,17 +191,20 @@ class Mapper:
         job: str,
         range_id: str,
         spec: MapSpec,
-    ) -> tuple[str, list[str]] | None:
+    ) -> _Next | None:
         row = None if tx is None else self.ledger.take(tx, job, range_id)
         if row is None:
             found = self.ledger.read_range(conn, job, range_id)
             if found is None:
-                return FAILED, []
+                return _Next(FAILED)
             state, row = found
-            if state != PENDING or tx is not None:  # not taken, yet pending: resumed; again
+            if state == DONE:
                 # A done range's pending children: the run that split it may have died
-                # before submitting them.
-                return state, self.ledger.pending(job, parent=range_id) if state == DONE else []
+                # before submitting them, or before trying to complete the job.
+                pending = self.ledger.pending(job, parent=range_id)
+                return _Next(DONE, pending, complete=not pending)
+            if state != PENDING or tx is not None:  # not taken, yet pending: resumed; again
+                return _Next(state)
         rows = spec.source.page(conn, row.range, row.after, spec.page_size)
         after = spec.source.key_of(rows[-1]) if rows else row.after
         children = self._plan(conn, spec, row, rows, after)
@@ -210,19 +221,23 @@ class Mapper:
         after: Key | None,
         rows: int,
         children: _Children | None,
-    ) -> tuple[str, list[str]] | None:
-        def write(conn: Connection) -> list[str] | None:
-            return self.ledger.checkpoint(
+    ) -> _Next | None:
+        def write(conn: Connection) -> _Next | None:
+            ids = self.ledger.checkpoint(
                 conn, job, row, after=after, rows=rows, children=children, count_page=tx is None
             )
+            if ids is None:
+                return None
+            if children is None:
+                return _Next(PENDING)
+            # A range that finishes leaves completing the job to a pending range it holds
+            # until it commits (that range's run ends later); if it holds none, it tries.
+            last = children == [] and not self.ledger.hold_another(conn, job, row.id)
+            return _Next(DONE, ids, complete=last)
 
         if tx is not None:
-            ids = write(tx)
-        else:
-            ids = self.store.transaction(f"checkpointing a range of job {job!r}", write)
-        if ids is None:
-            return None
-        return (PENDING, []) if children is None else (DONE, ids)
+            return write(tx)
+        return self.store.transaction(f"checkpointing a range of job {job!r}", write)
 
     def _plan(
         self, conn: Connection, spec: MapSpec, row: RangeRow, rows: list[Any], after: Key | None
