@@ -201,20 +201,11 @@ class SqlStore:
     mapper's ledger, ``{prefix}jobs`` and ``{prefix}ranges``.
     Thread-safe; fork-safe (a child opens its own connections). Writes without an
     idempotency key run on held autocommit connections (at most ``pool_size - 1`` held,
-    so other users of the engine's pool are never starved), unless ``held_writes`` is
-    False: then every write is a transaction of the engine, like the others.
+    so other users of the engine's pool are never starved).
     """
 
-    def __init__(
-        self,
-        engine: Engine,
-        *,
-        prefix: str = "shardkit_",
-        owns_engine: bool = False,
-        held_writes: bool = True,
-    ):
+    def __init__(self, engine: Engine, *, prefix: str = "shardkit_", owns_engine: bool = False):
         self.engine = engine
-        self._held_writes = held_writes
         self.url = engine.url.render_as_string(hide_password=True)
         self._owns_engine = owns_engine
         self.dialect = _Dialect(engine.dialect.name)
@@ -409,13 +400,13 @@ class SqlStore:
 
     def add(self, name: str, shard: int, delta: int, key: str | None = None) -> bool:
         params = {"p_name": name, "p_shard": shard, "p_value": delta}
-        if key is None and self._held_writes:
+        if key is None:
             self._fast(params)
             return True
 
         def work(conn: Connection) -> bool:
             row = {"name": name, "key": key, "created_at": time.time()}
-            if key is not None and not self.dialect.insert_ignore(conn, self.keys_table, row):
+            if not self.dialect.insert_ignore(conn, self.keys_table, row):
                 return False
             conn.execute(self._upsert_add, params)
             return True

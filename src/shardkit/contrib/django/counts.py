@@ -17,6 +17,7 @@ A count is not a column: each object's count is a shardkit counter named
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any, Generic, TypeVar
 
@@ -189,10 +190,12 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
                 f"counts live in database {database()!r} (SHARDKIT['STORE']); this update "
                 f"runs on {self.db!r}, so they could not share its transaction"
             )
-        with transaction.atomic(using=self.db):
-            # In key order: concurrent updates take their shard rows' locks in one order.
-            pks = list(self.order_by("pk").values_list("pk", flat=True))
-            matched = len(pks)
+        # In key order: concurrent updates take their shard rows' locks in one order.
+        pks = list(self.order_by("pk").values_list("pk", flat=True))
+        matched = len(pks)
+        writes = len(pks) * len(deltas) + bool(kwargs)
+        # One write is atomic by itself: the read above needs no transaction around it.
+        with transaction.atomic(using=self.db) if writes > 1 else contextlib.nullcontext():
             if kwargs:
                 base = self.model._base_manager.using(self.db)
                 matched = base.filter(pk__in=pks).update(**kwargs)

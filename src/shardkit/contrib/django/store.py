@@ -11,10 +11,11 @@ transaction is open commits or rolls back with it, and Django's ``on_commit`` ho
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import Any, cast
 
 import sqlalchemy as sa
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.db.transaction import Atomic
 from sqlalchemy.pool import SingletonThreadPool
 
@@ -107,12 +108,25 @@ def django_engine(alias: str) -> sa.Engine:
 
 class DjangoStore(SqlStore):
     """The SQL store on Django's database ``alias``. Its tables come from the app's
-    migrations (``manage.py migrate shardkit``); every write is a Django atomic block."""
+    migrations (``manage.py migrate shardkit``). A transaction of the store is a Django
+    atomic block; a shard write without an idempotency key is one statement on Django's
+    cursor: part of the caller's transaction if one is open, committed at once if not."""
 
     def __init__(self, alias: str, *, prefix: str = "shardkit_") -> None:
-        super().__init__(django_engine(alias), prefix=prefix, held_writes=False)
+        super().__init__(django_engine(alias), prefix=prefix)
         self.alias = alias
         self.url = f"django://{alias}"
+        # Compiled once with named %(…)s parameters, which Django's cursors take on
+        # every backend.
+        named = cast(Any, type(self.engine.dialect))(paramstyle="pyformat")
+        self._add_sql = self._upsert_add.compile(dialect=named).string
+
+    def _fast(self, params: Mapping[str, Any]) -> None:
+        try:
+            with connections[self.alias].cursor() as cursor:
+                cursor.execute(self._add_sql, params)
+        except DatabaseError as exc:
+            raise self._error(exc, f"adding to counter {params['p_name']!r}") from exc
 
 
 __all__ = ["DjangoConnection", "DjangoStore", "django_engine"]
