@@ -13,7 +13,7 @@ import queue
 import random
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -95,11 +95,23 @@ class _Dialect:
         Racing inserts of one key wait for each other, so exactly one returns True.
         """
         if self.is_mysql:
-            result = conn.execute(mysql.insert(table).prefix_with("IGNORE"), row)
-            return result.rowcount == 1
-        module = postgresql if self.name == "postgresql" else sqlite
-        statement = module.insert(table).on_conflict_do_nothing().returning(sa.literal(1))
+            return conn.execute(self._insert_ignore(table), row).rowcount == 1
+        statement = self._insert_ignore(table).returning(sa.literal(1))
         return conn.execute(statement, row).first() is not None
+
+    def insert_ignore_many(
+        self, conn: Connection, table: sa.Table, rows: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """INSERT each of ``rows`` whose primary key does not exist, in one call (one
+        round trip where the driver batches them)."""
+        conn.execute(self._insert_ignore(table), list(rows))
+
+    def _insert_ignore(self, table: sa.Table) -> sa.Insert:
+        if self.is_mysql:
+            return mysql.insert(table).prefix_with("IGNORE")
+        if self.name == "postgresql":
+            return postgresql.insert(table).on_conflict_do_nothing()
+        return sqlite.insert(table).on_conflict_do_nothing()
 
     def upsert(self, table: sa.Table, merge: dict[str, _Merge]) -> sa.Insert:
         """INSERT a row, or set each ``merge`` column of the existing row to
