@@ -319,10 +319,9 @@ class RangeLedger:
         depth: int,
         now: float,
     ) -> list[str]:
-        ids = []
-        for rng, after in ranges:
-            range_id = rng.id(job)
-            row = {
+        ids = [rng.id(job) for rng, _ in ranges]
+        rows = [
+            {
                 "job": job,
                 "id": range_id,
                 "parent": parent,
@@ -336,8 +335,9 @@ class RangeLedger:
                 "failures": 0,
                 "created_at": now,
             }
-            self.store.dialect.insert_ignore(conn, self.ranges, row)
-            ids.append(range_id)
+            for range_id, (rng, after) in zip(ids, ranges, strict=True)
+        ]
+        self.store.dialect.insert_ignore_many(conn, self.ranges, rows)
         return ids
 
     def record_failure(self, job: str, range_id: str, error: str) -> int:
