@@ -91,7 +91,9 @@ class TableSource:
             raise ConfigurationError(f"the source has no column {unknown[0]!r} to key on")
         self.key = tuple(names)
         self._columns = [self._from.c[name] for name in names]
-        self._pages: dict[tuple[str, ...], sa.Select[Any]] = {}  # by _edges
+        # Statements by shape (see _edges), built once.
+        self._pages: dict[tuple[str, ...], sa.Select[Any]] = {}
+        self._samples: dict[tuple[str, tuple[str, ...]], sa.Select[Any]] = {}
 
     def __repr__(self) -> str:
         name = getattr(self.selectable, "name", "select")
@@ -153,17 +155,28 @@ class TableSource:
     def sample(
         self, conn: Connection, rng: KeyRange, after: Key | None, size: int, points: int
     ) -> Sample:
+        edges, params = self._edges(rng, after)
+        shape = (conn.dialect.name, edges)
+        statement = self._samples.get(shape)
+        if statement is None:
+            statement = self._samples[shape] = self._sample_statement(*shape)
+        params.update(shardkit_size=size, shardkit_points=points)
+        rows = conn.execute(statement, params).all()
+        n = len(self.key)
+        keys = [row[0] for row in rows] if n == 1 else [tuple(row[:n]) for row in rows]
+        return Sample(keys, rows[0][n] if rows else 0)
+
+    def _sample_statement(self, dialect: str, edges: tuple[str, ...]) -> sa.Select[Any]:
         # ORDER BY random() reads the rest of the range once (a top-N sort): the price of
         # split points that follow the data, however skewed. The rank r of a quantile
         # k * drawn / points (rounded up) is the one whose r * points passes a multiple
         # of drawn: (r * points) % drawn < points, in integers on every database.
-        shuffle = sa.func.rand() if conn.dialect.name in ("mysql", "mariadb") else sa.func.random()
-        edges, params = self._edges(rng, after)
+        shuffle = sa.func.rand() if dialect in ("mysql", "mariadb") else sa.func.random()
         picked = (
             sa.select(*self._columns)
             .where(*self._where(edges))
             .order_by(shuffle)
-            .limit(size)
+            .limit(sa.bindparam("shardkit_size", type_=sa.Integer))
             .subquery("shardkit_sample")
         )
         keys = [picked.c[name] for name in self.key]
@@ -174,14 +187,8 @@ class TableSource:
         ).subquery("shardkit_ranked")
         columns = [ranked.c[name] for name in self.key]
         rank, drawn = ranked.c.shardkit_rank, ranked.c.shardkit_drawn
-        every = sa.bindparam("shardkit_points", points, type_=sa.Integer)
-        statement = (
-            sa.select(*columns, drawn).where(rank * every % drawn < every).order_by(*columns)
-        )
-        rows = conn.execute(statement, params).all()
-        return Sample(
-            [self.key_of(row._mapping) for row in rows], rows[0].shardkit_drawn if rows else 0
-        )
+        every = sa.bindparam("shardkit_points", type_=sa.Integer)
+        return sa.select(*columns, drawn).where(rank * every % drawn < every).order_by(*columns)
 
     def bounds(self, conn: Connection, rng: KeyRange, after: Key | None) -> tuple[Key, Key] | None:
         edges, params = self._edges(rng, after)
