@@ -101,12 +101,11 @@ def _in_django(task: Task) -> Task:
     return run
 
 
-def configure() -> Kit:
-    """Build the kit from the settings, replacing (and closing) the one before."""
-    global _kit
+def _build() -> Kit:
+    """A kit built from the settings; ``ImproperlyConfigured`` if they are wrong."""
     option = options()
     try:
-        kit = build(
+        return build(
             DjangoStore(option["STORE"], prefix=option["PREFIX"]),
             open_cache(option["CACHE"]),
             prefix=option["PREFIX"],
@@ -118,6 +117,12 @@ def configure() -> Kit:
         )
     except ShardkitError as exc:
         raise ImproperlyConfigured(f"settings.SHARDKIT: {exc}") from exc
+
+
+def configure() -> Kit:
+    """Build the kit from the settings, replacing (and closing) the one before."""
+    global _kit
+    kit = _build()
     with _lock:
         old, _kit = _kit, kit
     if old is not None:
@@ -127,10 +132,11 @@ def configure() -> Kit:
 
 def kit() -> Kit:
     """The kit of the Django app: its store is the database ``SHARDKIT['STORE']``."""
+    global _kit
     with _lock:
-        if _kit is not None:
-            return _kit
-    return configure()
+        if _kit is None:  # only if the app's ready() has not run
+            _kit = _build()
+        return _kit
 
 
 def database() -> str:

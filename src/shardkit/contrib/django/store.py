@@ -92,6 +92,11 @@ def django_engine(alias: str) -> sa.Engine:
     driver = cast(Any, django_connection).Database.__name__.partition(".")[0]
     if dialect == "sqlite":
         driver = "pysqlite"
+    elif driver != "psycopg":
+        raise ConfigurationError(
+            f"database {alias!r} uses {driver}: shardkit's Django app needs psycopg 3 "
+            "(pip install 'shardkit[postgres]'; Django then uses it too)"
+        )
     # No dialect option that hands the DB-API connection to the driver's own functions
     # (psycopg's TypeInfo.fetch wants its Connection class, not this stand-in).
     options = {"use_native_hstore": False} if dialect == "postgresql" else {}
