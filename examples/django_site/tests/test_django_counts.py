@@ -10,13 +10,15 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
-from django.db import connections, transaction
+from django.db import connections, models, transaction
 from django.db.models import F, Value
 from django.test import Client
 
-from shardkit.contrib.django import NotACountingUpdate, kit
+from shardkit.contrib.django import CountingQuerySet, NotACountingUpdate, ShardedCount, kit
+from shardkit.contrib.django.counts import check_managers
 from shardkit.contrib.django.store import DjangoStore
 from shardkit.errors import InvalidDelta
 from tests.conftest import HeldExecutor
@@ -240,3 +242,28 @@ def test_a_celery_app_named_in_settings_runs_the_kits_tasks(settings: Any) -> No
     assert isinstance(executor, CeleryExecutor)
     assert isinstance(executor.app, Celery)
     assert {"shardkit.flush", "shardkit.flush_all", "shardkit.map_range"} <= set(executor.app.tasks)
+
+
+def test_the_site_passes_the_system_check() -> None:
+    assert check_managers([apps.get_app_config("videos")]) == []
+
+
+@pytest.mark.django_isolate_apps("videos")
+def test_a_model_with_counts_and_a_plain_manager_fails_the_system_check(
+    django_isolated_apps: Any,
+) -> None:
+    class Plain(models.Model):
+        hits = ShardedCount()
+
+        class Meta:
+            app_label = "videos"
+
+    class Counting(models.Model):
+        hits = ShardedCount()
+        objects = CountingQuerySet.as_manager()
+
+        class Meta:
+            app_label = "videos"
+
+    errors = check_managers(list(django_isolated_apps.get_app_configs()))
+    assert [(error.id, error.obj) for error in errors] == [("shardkit.E001", Plain)]

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.core import checks
 from django.core.signals import setting_changed
 
 
 class ShardkitConfig(AppConfig):
     """Builds the kit from ``settings.SHARDKIT`` when Django is ready (reaching no
-    server), and again whenever a test overrides that setting. Its migrations create
-    shardkit's tables in the database ``SHARDKIT['STORE']``."""
+    server), and again whenever a test overrides that setting; checks that models with
+    counts have a counting manager (``shardkit.E001``). Its migrations create shardkit's
+    tables in the database ``SHARDKIT['STORE']``."""
 
     name = "shardkit.contrib.django"
     label = "shardkit"
@@ -17,6 +19,8 @@ class ShardkitConfig(AppConfig):
 
     def ready(self) -> None:
         from .conf import configure, reconfigure
+        from .counts import check_managers
 
         configure()
         setting_changed.connect(reconfigure, dispatch_uid="shardkit.reconfigure")
+        checks.register(check_managers, checks.Tags.models)

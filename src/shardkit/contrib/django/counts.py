@@ -226,6 +226,31 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
             load_counts(self._result_cache or [], self._count_fields)
 
 
+def check_managers(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[Any]:
+    """Django system check (``shardkit.E001``): a model with counts whose default manager
+    is not a ``CountingQuerySet``'s, so ``update(views=F("views") + 1)`` would fail."""
+    from django.apps import apps
+    from django.core import checks
+
+    models_to_check = (
+        apps.get_models()
+        if app_configs is None
+        else [model for config in app_configs for model in config.get_models()]
+    )
+    return [
+        checks.Error(
+            f"{model._meta.label} has counts ({', '.join(counts_of(model))}) but its default "
+            "manager does not make CountingQuerySets",
+            hint="objects = CountingQuerySet.as_manager()",
+            obj=model,
+            id="shardkit.E001",
+        )
+        for model in models_to_check
+        if counts_of(model)
+        and not issubclass(model._default_manager._queryset_class, CountingQuerySet)
+    ]
+
+
 def load_counts(objects: Sequence[models.Model], names: Sequence[str]) -> None:
     """Read the counts ``names`` of ``objects`` (of one model) into them, all at once."""
     if not objects:
