@@ -54,11 +54,9 @@ TEMPLATES = [
     }
 ]
 
-# The test database's file, one per test run (subprocesses inherit it).
-_TEST_SQLITE = os.environ.setdefault(
-    "SHARDKIT_DJANGO_TEST_SQLITE",
-    str(Path(tempfile.gettempdir()) / f"shardkit-django-{uuid.uuid4().hex[:8]}.sqlite3"),
-)
+# The test databases are named for the test run (subprocesses inherit it), so that runs
+# at the same time on one server never meet.
+_TEST_RUN = os.environ.setdefault("SHARDKIT_DJANGO_TEST_RUN", uuid.uuid4().hex[:8])
 
 DATABASES = {
     "default": {
@@ -70,7 +68,7 @@ DATABASES = {
             "timeout": 30,
             "init_command": "PRAGMA journal_mode=WAL;",
         },
-        "TEST": {"NAME": _TEST_SQLITE},
+        "TEST": {"NAME": Path(tempfile.gettempdir()) / f"shardkit-django-{_TEST_RUN}.sqlite3"},
     },
 }
 
@@ -97,7 +95,7 @@ if os.environ.get("CI", "").lower() == "true" or _answers(
         "PASSWORD": _POSTGRES.password or "",
         "HOST": _POSTGRES.hostname or "127.0.0.1",
         "PORT": _POSTGRES.port or 5432,
-        "TEST": {"NAME": "test_shardkit_django_site"},
+        "TEST": {"NAME": f"test_shardkit_django_{_TEST_RUN}"},
     }
 
 SHARDKIT = {
