@@ -552,6 +552,37 @@ def test_a_failed_job_resumes_where_it_stopped(kit: shardkit.Kit, tables: Tables
     assert (status.state, status.rows, status.pending) == ("complete", 1000, 0)
 
 
+def test_waiting_polls_the_jobs_state_and_counts_its_ranges_once(
+    kit: shardkit.Kit, tables: Tables, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table, initial = key_table(tables, "sequential", 300)
+    mapper, polled, counted = kit.mapper, threading.Event(), []
+    state, status, add = mapper.state, mapper.status, add_ten(table)
+
+    def polling(job: str) -> str:
+        found = state(job)
+        polled.set()
+        return found
+
+    def counting(job: str) -> shardkit.JobStatus:
+        if threading.current_thread() is threading.main_thread():  # not the root's estimate
+            counted.append(job)
+        return status(job)
+
+    def fn(batch: Batch) -> None:
+        assert polled.wait(WAIT)  # the job runs while it is waited for
+        add(batch)
+
+    monkeypatch.setattr(mapper, "state", polling)
+    monkeypatch.setattr(mapper, "status", counting)
+    job = kit.map(table, fn, transactional=True, page_size=50)
+    done = job.wait(WAIT, poll=0.01)
+
+    assert (done.state, done.rows) == ("complete", 300)
+    assert counted == [job.id]
+    assert values(kit, table) == plus(initial, 10)
+
+
 def test_a_cancelled_job_stops_taking_ranges(kit: shardkit.Kit, tables: Tables) -> None:
     table, _ = key_table(tables, "sequential", 1000)
     entered, release = threading.Event(), threading.Event()

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import Connection
 
 from shardkit.errors import ConfigurationError, JobFailed, JobTimeout
-from shardkit.mapper.ledger import CANCELLED, FAILED, JobStatus
+from shardkit.mapper.ledger import CANCELLED, FAILED, FINISHED, JobStatus
 
 if TYPE_CHECKING:
     from shardkit.mapper.runner import Mapper
@@ -67,15 +67,18 @@ class Job:
 
     def wait(self, timeout: float | None = None, *, poll: float = 0.1) -> JobStatus:
         """Block until the job is complete and return its status. Raises ``JobFailed``
-        if it failed or was cancelled, ``JobTimeout`` after ``timeout`` seconds."""
+        if it failed or was cancelled, ``JobTimeout`` after ``timeout`` seconds. Polls
+        only the job's state, every ``poll`` seconds, and reads its status at the end."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            status = self.status()
-            if status.state in (FAILED, CANCELLED):
+            state = self._mapper.state(self.id)
+            if state in (FAILED, CANCELLED):
+                status = self.status()
                 raise JobFailed(f"job {self.id} {status.state}: {status.error or 'no error'}")
-            if status.finished:
-                return status
+            if state in FINISHED:
+                return self.status()
             if deadline is not None and time.monotonic() >= deadline:
+                status = self.status()
                 raise JobTimeout(
                     f"job {self.id} still running after {timeout} s "
                     f"({status.rows} rows, {status.pending} ranges pending)"

@@ -144,6 +144,12 @@ class RangeLedger:
 
         return self.store.transaction(f"starting job {job!r}", work)
 
+    def state(self, job: str) -> str | None:
+        """The job's state (None if there is no such job): one row read by its key."""
+        statement = sa.select(self.jobs.c.state).where(self.jobs.c.id == job)
+        rows = self.store.read(f"reading job {job!r}", statement, autocommit=True)
+        return rows[0].state if rows else None
+
     def spec(self, job: str) -> str | None:
         rows = self.store.read(
             f"reading job {job!r}", sa.select(self.jobs.c.spec).where(self.jobs.c.id == job)

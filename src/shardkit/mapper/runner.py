@@ -106,6 +106,13 @@ class Mapper:
             raise JobNotFound(f"no job {job!r} in {self.store.url}")
         return found[0]
 
+    def state(self, job: str) -> str:
+        """The job's state alone: cheaper than its ``status``, which counts its ranges."""
+        state = self.ledger.state(job)
+        if state is None:
+            raise JobNotFound(f"no job {job!r} in {self.store.url}")
+        return state
+
     def statuses(self) -> list[JobStatus]:
         return self.ledger.statuses()
 
