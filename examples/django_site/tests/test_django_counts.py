@@ -267,3 +267,16 @@ def test_a_model_with_counts_and_a_plain_manager_fails_the_system_check(
 
     errors = check_managers(list(django_isolated_apps.get_app_configs()))
     assert [(error.id, error.obj) for error in errors] == [("shardkit.E001", Plain)]
+
+
+@pytest.mark.parametrize("autocommit", [False, True])
+def test_the_store_leaves_no_atomic_block_open(database: str, autocommit: bool) -> None:
+    store = kit().store
+    assert isinstance(store, DjangoStore)
+    rows = store.read("reading", sa.select(sa.literal(7)), autocommit=autocommit)
+    assert [tuple(row) for row in rows] == [(7,)]
+    assert not connections[database].in_atomic_block
+    with transaction.atomic(using=database):
+        store.read("reading", sa.select(sa.literal(8)), autocommit=autocommit)
+        assert connections[database].in_atomic_block  # the caller's, still open
+    assert not connections[database].in_atomic_block

@@ -36,7 +36,9 @@ class DjangoConnection:
 
     The first cursor of a transaction enters a Django atomic block; ``commit`` leaves it
     (committing, or releasing the savepoint), ``rollback`` and ``close`` leave it rolling
-    back. Closing never closes Django's connection, and from another thread (the pool
+    back. While SQLAlchemy has set it to AUTOCOMMIT, statements run on Django's
+    connection as they are: committed at once, or part of the caller's atomic block.
+    Closing never closes Django's connection, and from another thread (the pool
     recycling the connections of finished threads) does nothing. Anything else is the
     connection Django holds now (it may reconnect between requests).
     """
@@ -45,6 +47,7 @@ class DjangoConnection:
         self.alias = alias
         self._thread = threading.get_ident()
         self._atomic: Atomic | None = None
+        self.autocommit = False
 
     @property
     def _raw(self) -> Any:
@@ -53,7 +56,7 @@ class DjangoConnection:
         return django_connection.connection
 
     def cursor(self, *args: Any, **kwargs: Any) -> Any:
-        if self._atomic is None:
+        if self._atomic is None and not self.autocommit:
             atomic = transaction.atomic(using=self.alias)
             atomic.__enter__()
             self._atomic = atomic
@@ -75,6 +78,16 @@ class DjangoConnection:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._raw, name)
+
+
+def _set_isolation_level(dbapi_connection: Any, level: str | None) -> None:
+    # Django's connection keeps the isolation level Django gave it; SQLAlchemy's
+    # AUTOCOMMIT only means: no atomic block of the stand-in's own.
+    dbapi_connection.autocommit = level == "AUTOCOMMIT"
+
+
+def _reset_isolation_level(dbapi_connection: Any) -> None:
+    _set_isolation_level(dbapi_connection, None)
 
 
 def django_engine(alias: str) -> sa.Engine:
@@ -100,7 +113,7 @@ def django_engine(alias: str) -> sa.Engine:
     # No dialect option that hands the DB-API connection to the driver's own functions
     # (psycopg's TypeInfo.fetch wants its Connection class, not this stand-in).
     options = {"use_native_hstore": False} if dialect == "postgresql" else {}
-    return sa.create_engine(
+    engine = sa.create_engine(
         f"{dialect}+{driver}://",
         creator=lambda: DjangoConnection(alias),
         **options,
@@ -109,6 +122,12 @@ def django_engine(alias: str) -> sa.Engine:
         poolclass=SingletonThreadPool,
         pool_size=64,
     )
+    # The dialect's own switching would run statements (SQLite's PRAGMA) outside any
+    # transaction of SQLAlchemy's, leaving an atomic block open.
+    dialect_object: Any = engine.dialect
+    dialect_object.set_isolation_level = _set_isolation_level
+    dialect_object.reset_isolation_level = _reset_isolation_level
+    return engine
 
 
 class DjangoStore(SqlStore):
