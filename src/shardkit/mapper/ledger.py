@@ -23,6 +23,7 @@ from shardkit.mapper.keys import Key, KeyRange, dump_key, load_key
 from shardkit.store.sql import SqlStore
 
 PENDING, DONE = "pending", "done"
+STAY, SPLIT, LAST = "stay", "split", "last"  # how a page leaves its range (checkpoint)
 RUNNING, COMPLETE, CANCELLED, FAILED = "running", "complete", "cancelled", "failed"
 FINISHED = (COMPLETE, CANCELLED, FAILED)
 
@@ -97,24 +98,27 @@ class RangeLedger:
             .values(state=COMPLETE, finished_at=sa.bindparam("p_now"))
         )
         self._any_pending = sa.select(pending)
+        other = r.alias("shardkit_other")
         self._another = (
-            sa.select(r.c.id)
-            .where(r.c.job == sa.bindparam("p_job"), r.c.state == PENDING)
-            .where(r.c.id != sa.bindparam("p_range"))
+            sa.select(other.c.id)
+            .where(other.c.job == sa.bindparam("p_job"), other.c.state == PENDING)
+            .where(other.c.id != sa.bindparam("p_range"))
             .limit(1)
             .with_for_update(skip_locked=True)
         )
         self._checkpoints = {
             shape: self._checkpoint_statement(*shape)
-            for shape in itertools.product((False, True), repeat=3)
+            for shape in itertools.product((False, True), (False, True), (STAY, SPLIT, LAST))
         }
 
     def _range_is(self, job: str, range_id: str) -> Any:
         return sa.and_(self.ranges.c.job == job, self.ranges.c.id == range_id)
 
-    def _checkpoint_statement(self, fresh: bool, count_page: bool, finish: bool) -> sa.Update:
+    def _checkpoint_statement(self, fresh: bool, count_page: bool, end: str) -> sa.Update:
         """The checkpoint's compare-and-set: of a range with no checkpoint yet (``fresh``)
-        or at ``p_was``; counting a page; marking the range done."""
+        or at ``p_was``; counting a page; keeping the range pending (``STAY``) or marking
+        it done — the ``LAST`` of it also returns another pending range, locked (where
+        the database has ``UPDATE … RETURNING``)."""
         r = self.ranges
         values: dict[str, Any] = {
             "after": sa.bindparam("p_after"),
@@ -122,10 +126,13 @@ class RangeLedger:
         }
         if count_page:
             values["pages"] = r.c.pages + 1
-        if finish:
+        if end != STAY:
             values.update(state=DONE, done_at=sa.bindparam("p_now"))
         was = r.c.after.is_(None) if fresh else r.c.after == sa.bindparam("p_was")
-        return sa.update(r).where(self._this, r.c.state == PENDING, was).values(values)
+        statement = sa.update(r).where(self._this, r.c.state == PENDING, was).values(values)
+        if end == LAST and not self.store.dialect.is_mysql:
+            statement = statement.returning(self._another.scalar_subquery())
+        return statement
 
     # -- jobs ----------------------------------------------------------------------------
 
@@ -183,14 +190,6 @@ class RangeLedger:
         """Mark a running job with no pending range complete, in ``conn``'s transaction;
         whether this call did (at most one ever does)."""
         return conn.execute(self._claim, {"p_job": job, "p_now": time.time()}).rowcount == 1
-
-    def hold_another(self, conn: Connection, job: str, range_id: str) -> bool:
-        """In ``conn``'s transaction, lock a pending range of ``job`` other than
-        ``range_id`` that no other transaction holds; whether there was one. Its next run
-        waits for this transaction to commit, so it finishes after it (SQLite, with one
-        writer at a time, needs no lock)."""
-        params = {"p_job": job, "p_range": range_id}
-        return conn.execute(self._another, params).first() is not None
 
     def any_pending(self, job: str) -> bool:
         """Whether a range of ``job`` is pending, read outside any transaction (one round
@@ -294,14 +293,19 @@ class RangeLedger:
         rows: int,
         children: Sequence[tuple[KeyRange, Key | None]] | None,
         count_page: bool,
-    ) -> list[str] | None:
+    ) -> tuple[list[str], bool] | None:
         """In ``conn``'s transaction: record a page of ``rows`` rows ending at ``after``,
         if the range is still pending at the checkpoint ``row`` was read at. With
         ``children`` (ranges and their starting checkpoints), record them and mark the
-        range done; with ``[]``, mark it done (nothing left); with None, keep it pending.
-        Returns the children's ids, or None if another run got there first."""
+        range done; with None, keep it pending; with ``[]``, mark it done (nothing left)
+        and lock another pending range of the job that no other transaction holds, if
+        there is one: its next run waits for this transaction to commit, so it finishes
+        after it (SQLite, with one writer at a time, needs no lock). Returns the
+        children's ids and whether another range is held; None if another run got there
+        first."""
         was = dump_key(row.after)
-        statement = self._checkpoints[was is None, count_page, children is not None]
+        end = STAY if children is None else SPLIT if children else LAST
+        statement = self._checkpoints[was is None, count_page, end]
         params = {
             "p_job": job,
             "p_range": row.id,
@@ -310,11 +314,17 @@ class RangeLedger:
             "p_rows": rows,
             "p_now": time.time(),
         }
-        if conn.execute(statement, params).rowcount != 1:
+        result = conn.execute(statement, params)
+        if end == LAST and not self.store.dialect.is_mysql:
+            found = result.first()
+            return None if found is None else ([], found[0] is not None)
+        if result.rowcount != 1:
             return None
-        if not children:
-            return []
-        return self._insert(conn, job, row.id, children, row.depth + 1, time.time())
+        if children is None:
+            return [], False
+        if not children:  # MySQL, without UPDATE … RETURNING
+            return [], conn.execute(self._another, params).first() is not None
+        return self._insert(conn, job, row.id, children, row.depth + 1, time.time()), False
 
     def _insert(
         self,

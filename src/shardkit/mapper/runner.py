@@ -230,17 +230,17 @@ class Mapper:
         children: _Children | None,
     ) -> _Next | None:
         def write(conn: Connection) -> _Next | None:
-            ids = self.ledger.checkpoint(
+            done = self.ledger.checkpoint(
                 conn, job, row, after=after, rows=rows, children=children, count_page=tx is None
             )
-            if ids is None:
+            if done is None:
                 return None
             if children is None:
                 return _Next(PENDING)
             # A range that finishes leaves completing the job to a pending range it holds
             # until it commits (that range's run ends later); if it holds none, it tries.
-            last = children == [] and not self.ledger.hold_another(conn, job, row.id)
-            return _Next(DONE, ids, complete=last)
+            ids, held = done
+            return _Next(DONE, ids, complete=children == [] and not held)
 
         if tx is not None:
             return write(tx)
