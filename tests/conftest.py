@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import threading
 import time
 import uuid
@@ -72,6 +73,9 @@ def run_together(count: int, work: Callable[[int], object]) -> None:
             work(index)
         except BaseException as exc:
             errors.append(exc)
+        finally:
+            if "django.db" in sys.modules:  # the thread's Django connections, if it made any
+                sys.modules["django.db"].connections.close_all()
 
     threads = [threading.Thread(target=run, args=(index,)) for index in range(count)]
     for thread in threads:
@@ -169,10 +173,19 @@ def cache_url(request: pytest.FixtureRequest) -> str:
     return url
 
 
-@pytest.fixture
-def store(store_url: str) -> Iterator[Store]:
-    the_store = open_store(store_url, prefix=PREFIX)
-    the_store.create_schema()
+@pytest.fixture(
+    params=[*STORE_URLS, pytest.param("django", marks=pytest.mark.django_db(transaction=True))]
+)
+def store(request: pytest.FixtureRequest, sqlite_url: str) -> Iterator[Store]:
+    """Every store: the SQL ones by URL, and the Django app's on the example site's
+    SQLite test database (migrated by pytest-django)."""
+    if request.param == "django":
+        from shardkit.contrib.django.store import DjangoStore
+
+        the_store: Store = DjangoStore("default")
+    else:
+        the_store = open_store(store_url_for(request.param, sqlite_url), prefix=PREFIX)
+        the_store.create_schema()
     yield the_store
     the_store.close()
 
