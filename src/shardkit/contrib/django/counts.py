@@ -42,8 +42,10 @@ class NotACountingUpdate(ValidationError, FieldError):
 class ShardedCount:
     """A count on each object of a model, kept in a shardkit counter, not a column.
 
-    ``ShardedCount(shards=20)`` is a sharded counter: an increment commits in the
-    caller's transaction (a savepoint of it), exactly once. ``ShardedCount(buffered=True,
+    ``ShardedCount(shards=20)`` is a sharded counter: an increment is a statement of the
+    caller's transaction (committed at once outside one), applied exactly once if it
+    commits. Its cached value is adjusted at once, so a rolled-back increment can show
+    in ``value()`` (not ``value(fresh=True)``) until the cache entry expires. ``ShardedCount(buffered=True,
     interval=5)`` is a buffered counter: an increment goes to the cache when the
     caller's transaction commits (``on_commit``; at once outside a transaction) and is
     flushed to the store within about ``interval`` seconds.
