@@ -446,6 +446,43 @@ def test_a_source_that_cannot_sample_is_split_by_bisection(
     assert status.done > 1
 
 
+def test_a_finishing_range_holds_another_pending_range_until_it_commits(
+    kit: shardkit.Kit,
+) -> None:
+    store, ledger = sql_store(kit), kit.mapper.ledger
+    ranges, job = store.ranges_table, f"held-{uuid4().hex[:8]}"
+    assert ledger.create(job, "{}")
+    root = KeyRange().id(job)
+    with store.engine.begin() as conn:
+        taken = ledger.take(conn, job, root)
+        assert taken is not None
+        thirds = [(KeyRange(None, 10), None), (KeyRange(10, 20), None), (KeyRange(20), None)]
+        done = ledger.checkpoint(
+            conn, job, taken, after=None, rows=0, children=thirds, count_page=False
+        )
+    assert done is not None
+    first, *others = done[0]
+    unlocked = (
+        sa.select(ranges.c.id)
+        .where(ranges.c.job == job, ranges.c.state == "pending")
+        .with_for_update(skip_locked=True)
+    )
+    with store.engine.connect() as one, store.engine.connect() as two:
+        with one.begin():
+            row = ledger.take(one, job, first)
+            assert row is not None
+            assert ledger.checkpoint(
+                one, job, row, after=None, rows=0, children=[], count_page=False
+            ) == ([], True)
+            if store.dialect.name != "sqlite":  # one writer at a time there: no row locks
+                with two.begin():  # the finished range and the held one are both locked
+                    free = list(two.execute(unlocked).scalars())
+                    assert len(free) == 1
+                    assert free[0] in others
+        with two.begin():
+            assert sorted(two.execute(unlocked).scalars()) == sorted(others)
+
+
 def test_finished_ranges_leave_completing_the_job_to_the_last(
     kit: shardkit.Kit, tables: Tables, monkeypatch: pytest.MonkeyPatch
 ) -> None:
