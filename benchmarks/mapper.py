@@ -7,7 +7,9 @@ waits on I/O: an API call, a file) before the transaction commits.
 
 * shardkit - ``kit.map(table, fn, transactional=True, page_size=…, fanout=…)`` on a
              ``LocalExecutor(workers=…)``; ``fn`` writes through ``batch.conn``, so each
-             page's update commits with its checkpoint
+             page's update commits with its checkpoint. The kit's connections are opened
+             before the clock starts (the loops' one is open too), and the job's state is
+             read every 10 ms, so its end is timed within that
 * keyset   - one loop: ``SELECT … WHERE id > :last ORDER BY id LIMIT :page``, the work
 * offset   - one loop: ``SELECT … ORDER BY id LIMIT :page OFFSET :offset``, the work;
              stopped after ``--offset-seconds`` and extrapolated to the whole table
@@ -78,6 +80,7 @@ KEYSET = sa.text(f"SELECT id, balance FROM {TABLE} WHERE id > :last ORDER BY id 
 OFFSET = sa.text(f"SELECT id, balance FROM {TABLE} ORDER BY id LIMIT :page OFFSET :offset")
 MB = 1024 * 1024
 FIT_BINS = 40  # runs of consecutive pages whose median read times the offset fit uses
+WAIT_POLL = 0.01  # seconds between reads of the job's state: its end is timed within that
 
 
 @dataclass
@@ -250,7 +253,11 @@ def run_shardkit(
     executor = LocalExecutor(workers=args.workers)
     with shardkit.connect(args.store, "memory://", prefix=prefix, executor=executor) as kit:
         table = accounts_table()
-        kit.store.read("warming up", sa.select(sa.literal(1)))
+        store = kit.store
+        assert isinstance(store, SqlStore)
+        with contextlib.ExitStack() as warm:  # the workers' connections, as the loops' is
+            for _ in range(args.workers):
+                warm.enter_context(store.engine.connect()).execute(sa.select(sa.literal(1)))
         peak = None
         if traced:
             tracemalloc.start()
@@ -263,15 +270,13 @@ def run_shardkit(
                 page_size=args.page_size,
                 fanout=args.fanout,
             )
-            status = job.wait(timeout=args.timeout)
+            status = job.wait(timeout=args.timeout, poll=WAIT_POLL)
             seconds = time.perf_counter() - started
             if traced:
                 peak = tracemalloc.get_traced_memory()[1]
         finally:
             if traced:
                 tracemalloc.stop()
-        store = kit.store
-        assert isinstance(store, SqlStore)
         with store.engine.begin() as conn:  # the next run starts on empty ledger tables
             conn.execute(store.ranges_table.delete().where(store.ranges_table.c.job == job.id))
             conn.execute(store.jobs_table.delete().where(store.jobs_table.c.id == job.id))
