@@ -8,6 +8,11 @@
 * buffered - ``Video.objects.filter(pk=pk).update(likes=F("likes") + 1)`` on a buffered
              count (only with a Redis ``--cache``, which the writer processes share)
 
+With ``--request-ms T`` each update runs as a request with ``ATOMIC_REQUESTS`` would:
+inside ``transaction.atomic()``, followed by T ms of the request's other work before the
+commit. The row lock of a column's update is then held for the whole request, and every
+writer queues on it; a sharded count's writers each hold their own shard row.
+
 The models are the example site's (``examples/django_site``); every writer process sets
 Django up on ``--database``, a PostgreSQL database of the benchmark's own (created if
 missing, migrated), with persistent connections (``CONN_MAX_AGE=None``) as a deployed
@@ -15,6 +20,7 @@ site would have. Every cell is checked: the count moved by exactly the acknowled
 updates (the buffered one once flushed after the phase).
 
     python benchmarks/django_counts.py --cache redis://127.0.0.1:6379/12 --repeat 3
+    python benchmarks/django_counts.py --cache redis://127.0.0.1:6379/12 --request-ms 5
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import argparse
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +54,7 @@ class Site:
 
     database: str
     cache: str
+    request_ms: float = 0.0
 
 
 def setup_django(site: Site) -> None:
@@ -86,6 +94,7 @@ def writer(task: tuple[Site, str]) -> Iterator[Op]:
     total moves before the phase."""
     site, mode = task
     setup_django(site)
+    from django.db import transaction
     from django.db.models import F
 
     from videos.models import Account, Video
@@ -102,10 +111,23 @@ def writer(task: tuple[Site, str]) -> Iterator[Op]:
     update(warm_account.pk if mode == "column" else warm_video.pk)
     if mode == "incr":
         count = video.views  # the object is at hand: no read per increment
-        yield count.incr
+        write = count.incr
     else:
         target = account.pk if mode == "column" else video.pk
-        yield lambda: update(target)
+
+        def write() -> None:
+            update(target)
+
+    if not site.request_ms:
+        yield write
+        return
+
+    def request() -> None:
+        with transaction.atomic():
+            write()
+            time.sleep(site.request_ms / 1000)  # the rest of the request
+
+    yield request
 
 
 def total(mode: str) -> int:
@@ -165,6 +187,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--writers", default="1,16", help="writer counts (1,16)")
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds per phase (3)")
     parser.add_argument("--repeat", type=int, default=3, help="median of N phases (3)")
+    parser.add_argument(
+        "--request-ms",
+        type=float,
+        default=0.0,
+        help="ms of a request's other work after the update, in its transaction (0)",
+    )
     parser.add_argument("--modes", help=f"comma-separated, of {','.join(MODES)}")
     args = parser.parse_args(argv)
     args.writers = [int(n) for n in args.writers.split(",")]
@@ -179,7 +207,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = report_console()
-    site = Site(args.database, args.cache)
+    site = Site(args.database, args.cache, args.request_ms)
     prepare(site)
     cells: dict[tuple[int, str], Cell] = {}
 
@@ -192,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
 
     console.print(
         f"database {sa.make_url(args.database).render_as_string()}, cache {args.cache}, "
+        f"{args.request_ms:g} ms of request after each update, "
         f"load average {' '.join(f'{n:.1f}' for n in os.getloadavg())}"
     )
     run_grid(args.writers, args.repeat, args.modes, run, console)
