@@ -253,6 +253,13 @@ class Mapper:
         do: stay), or the children that split what is left of the range."""
         if len(rows) < spec.page_size:
             return []
+        if row.depth == 0:
+            # The root runs alone: a sample would read the whole source while every
+            # other worker waits, and its real bounds are two index probes. Its children
+            # sample, so skewed keys are split by the data from the next level on.
+            planned = self._plan_by_bounds(conn, spec, row, after)
+            if planned is not None:
+                return planned
         # Large enough that a sample that is not full is all that is left, so the
         # children can be cut to about a page each.
         size = min(_MAX_SAMPLE, spec.fanout * max(spec.page_size, _SAMPLE_PER_CHILD))
