@@ -425,6 +425,31 @@ def test_a_sample_that_is_all_that_is_left_is_cut_into_pages(
             assert len(pieces) <= math.ceil(drawn / (page_size * 3 / 4))  # hardly more
 
 
+class SampleRecorder(TableSource):
+    """A table source that records the ranges it samples."""
+
+    sampled: list[KeyRange]
+
+    def sample(self, conn: Any, rng: KeyRange, after: Any, size: int, points: int) -> Sample:
+        self.sampled.append(rng)
+        return super().sample(conn, rng, after, size, points)
+
+
+def test_the_root_splits_between_its_bounds_and_the_others_sample(
+    kit: shardkit.Kit, tables: Tables
+) -> None:
+    table, initial = key_table(tables, "skewed", 2000)
+    source = SampleRecorder(table, "k")
+    source.sampled = []
+
+    status = kit.map(source, add_ten(table), transactional=True, page_size=50).wait(WAIT)
+
+    assert values(kit, table) == plus(initial, 10)
+    assert status.depth >= 2
+    assert source.sampled  # below the root
+    assert KeyRange() not in source.sampled  # the root ran alone: no sample of everything
+
+
 class UnsampledSource(TableSource):
     """A source that cannot sample: the mapper splits between its bounds by arithmetic."""
 
