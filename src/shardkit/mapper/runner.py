@@ -4,8 +4,9 @@ A range task (``run_range``, submitted to the kit's executor as ``map_range`` wi
 arguments ``{"job", "range"}``) takes one page of its range, hands it to the job's
 function and checkpoints. If the page was full it samples what is left of the range and
 splits it at the sample's quantiles into up to ``fanout`` children (fewer when little
-is left; none, and it goes on in place, when one page would do), so the work spreads as
-a tree whose depth grows as log(rows / page_size) / log(fanout).
+is left; none, and it goes on in place, when one page would do); the root, which runs
+alone, splits between its real bounds. The work spreads as a tree whose depth grows as
+log(rows / page_size) / log(fanout).
 
 Transactional jobs run the page, the function and the checkpoint in one transaction on
 the store's database: exactly once. Others call the function outside any transaction
@@ -276,7 +277,8 @@ class Mapper:
         self, conn: Connection, spec: MapSpec, row: RangeRow, after: Key | None
     ) -> _Children | None:
         """Split between the real smallest and largest key left, by key arithmetic: for
-        sources that cannot sample (even only for keys dense in their space)."""
+        the root, and for sources that cannot sample (even only for keys dense in their
+        space). None if arithmetic cannot cut them."""
         bounds = spec.source.bounds(conn, row.range, after)
         if bounds is None:
             return []
