@@ -278,7 +278,7 @@ class Mapper:
     ) -> _Children | None:
         """Split between the real smallest and largest key left, by key arithmetic: for
         the root, and for sources that cannot sample (even only for keys dense in their
-        space). None if arithmetic cannot cut them."""
+        space). ``[]`` if nothing is left, None if arithmetic cannot cut it."""
         bounds = spec.source.bounds(conn, row.range, after)
         if bounds is None:
             return []
