@@ -45,10 +45,10 @@ class ShardedCount:
     ``ShardedCount(shards=20)`` is a sharded counter: an increment is a statement of the
     caller's transaction (committed at once outside one), applied exactly once if it
     commits. Its cached value is adjusted at once, so a rolled-back increment can show
-    in ``value()`` (not ``value(fresh=True)``) until the cache entry expires. ``ShardedCount(buffered=True,
-    interval=5)`` is a buffered counter: an increment goes to the cache when the
-    caller's transaction commits (``on_commit``; at once outside a transaction) and is
-    flushed to the store within about ``interval`` seconds.
+    in ``value()`` (not ``value(fresh=True)``) until the cache entry expires.
+    ``ShardedCount(buffered=True, interval=5)`` is a buffered counter: an increment goes
+    to the cache when the caller's transaction commits (``on_commit``; at once outside a
+    transaction) and is flushed to the store within about ``interval`` seconds.
     """
 
     def __init__(self, shards: int = 20, *, buffered: bool = False, interval: float = 5.0):
