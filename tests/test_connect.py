@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import sqlalchemy as sa
 
 import shardkit
-from conftest import CACHE_URLS, PREFIX, STORE_URLS, require
+from conftest import CACHE_URLS, PREFIX, STORE_URLS, require, run_together
+from shardkit.executor import LocalExecutor
+from shardkit.store.sql import SqlStore
 
 
 def test_live_engine_and_redis_client_are_used_and_left_open(name: str) -> None:
@@ -63,3 +67,21 @@ def test_the_embedded_default_is_a_sqlite_file_and_the_memory_cache(
         assert kit.cache.url == "memory://"
         kit.sharded("hello").incr()
     assert (tmp_path / "shardkit.db").exists()  # type: ignore[operator]
+
+
+def test_a_url_store_keeps_a_connection_open_for_each_local_worker(sqlite_url: str) -> None:
+    workers = 12
+    kit = shardkit.connect(sqlite_url, prefix=PREFIX, executor=LocalExecutor(workers=workers))
+    with kit:
+        store = kit.store
+        assert isinstance(store, SqlStore)
+        together = threading.Barrier(workers + 1)
+
+        def hold() -> None:  # what a range task does: one connection per worker, at once
+            with store.engine.connect() as conn:
+                conn.execute(sa.select(sa.literal(1)))
+                together.wait(timeout=30)
+
+        run_together(workers + 1, lambda _: hold())
+        # Past SQLAlchemy's default pool of 5, returned connections would be closed.
+        assert store.engine.pool.checkedin() == workers + 1

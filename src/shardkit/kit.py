@@ -362,10 +362,16 @@ def connect(
     a ``LocalExecutor`` (threads of this process, the default) or a
     ``shardkit.contrib.celery.CeleryExecutor``. ``secret`` (default
     ``$SHARDKIT_SECRET``) signs the pickled closures of mapping jobs.
+
+    A store given by URL keeps a connection open for each worker of a local executor,
+    and one for the calling thread (at least 5); an ``Engine`` handed in keeps its own
+    pool, which should be as large.
     """
     check_kit_options(prefix, cache_ttl, max_shards, key_retention)
     store = store or os.environ.get("SHARDKIT_STORE") or DEFAULT_STORE
-    the_store = open_store(store, prefix=prefix)
+    executor = executor or LocalExecutor()
+    pool_size = max(5, executor.workers + 1) if isinstance(executor, LocalExecutor) else None
+    the_store = open_store(store, prefix=prefix, pool_size=pool_size)
     try:
         the_store.create_schema()
         the_cache = open_cache(cache or os.environ.get("SHARDKIT_CACHE") or DEFAULT_CACHE)

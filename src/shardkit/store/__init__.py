@@ -8,13 +8,17 @@ from shardkit.errors import ConfigurationError
 from shardkit.store.base import CounterInfo, Flushed, Store
 
 
-def open_store(target: str | Engine | Store, *, prefix: str = "shardkit_") -> Store:
+def open_store(
+    target: str | Engine | Store, *, prefix: str = "shardkit_", pool_size: int | None = None
+) -> Store:
     """A store for a URL (``sqlite:///…``, ``postgresql://…``, ``mysql://…``), a live
-    SQLAlchemy ``Engine``, or an object that already implements ``Store``."""
+    SQLAlchemy ``Engine``, or an object that already implements ``Store``. A URL's engine
+    keeps ``pool_size`` connections open (see ``engine_from_url``)."""
     from shardkit.store.sql import SqlStore, engine_from_url
 
     if isinstance(target, str):
-        return SqlStore(engine_from_url(target), prefix=prefix, owns_engine=True)
+        engine = engine_from_url(target, pool_size=pool_size)
+        return SqlStore(engine, prefix=prefix, owns_engine=True)
     if isinstance(target, Engine):
         return SqlStore(target, prefix=prefix)
     if isinstance(target, Store):

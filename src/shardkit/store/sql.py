@@ -619,8 +619,12 @@ class SqlStore:
             self.engine.dispose()
 
 
-def engine_from_url(url: str) -> Engine:
+def engine_from_url(url: str, *, pool_size: int | None = None) -> Engine:
     """Create an engine for a store URL, choosing our driver when the URL names none.
+
+    ``pool_size`` connections are kept open (SQLAlchemy's default, 5, when None): as many
+    as the threads that use the store at once, or each one past it opens and closes a
+    connection of its own.
 
     Raises ``MissingDriver`` naming the extra to install, or ``ConfigurationError``.
     """
@@ -643,6 +647,8 @@ def engine_from_url(url: str) -> Engine:
             )
         # Writers queue on SQLite's database lock instead of failing after 5 s.
         options["connect_args"] = {"timeout": 60}
+    if pool_size is not None:
+        options["pool_size"] = pool_size
     try:
         return sa.create_engine(url, **options)
     except (ImportError, NoSuchModuleError) as exc:
