@@ -7,9 +7,10 @@ waits on I/O: an API call, a file) before the transaction commits.
 
 * shardkit - ``kit.map(table, fn, transactional=True, page_size=…, fanout=…)`` on a
              ``LocalExecutor(workers=…)``; ``fn`` writes through ``batch.conn``, so each
-             page's update commits with its checkpoint. The kit's connections are opened
-             before the clock starts (the loops' one is open too), and the job's state is
-             read every 10 ms, so its end is timed within that
+             page's update commits with its checkpoint. The kit's connections (its pool
+             keeps one per worker) are opened before the clock starts (the loops' one is
+             open too); ``job.wait`` wakes when the job completes, so its end is timed
+             as it happens
 * keyset   - one loop: ``SELECT … WHERE id > :last ORDER BY id LIMIT :page``, the work
 * offset   - one loop: ``SELECT … ORDER BY id LIMIT :page OFFSET :offset``, the work;
              stopped after ``--offset-seconds`` and extrapolated to the whole table
@@ -80,7 +81,6 @@ KEYSET = sa.text(f"SELECT id, balance FROM {TABLE} WHERE id > :last ORDER BY id 
 OFFSET = sa.text(f"SELECT id, balance FROM {TABLE} ORDER BY id LIMIT :page OFFSET :offset")
 MB = 1024 * 1024
 FIT_BINS = 40  # runs of consecutive pages whose median read times the offset fit uses
-WAIT_POLL = 0.01  # seconds between reads of the job's state: its end is timed within that
 
 
 @dataclass
@@ -270,7 +270,7 @@ def run_shardkit(
                 page_size=args.page_size,
                 fanout=args.fanout,
             )
-            status = job.wait(timeout=args.timeout, poll=WAIT_POLL)
+            status = job.wait(timeout=args.timeout)
             seconds = time.perf_counter() - started
             if traced:
                 peak = tracemalloc.get_traced_memory()[1]

@@ -645,6 +645,19 @@ def test_waiting_polls_the_jobs_state_and_counts_its_ranges_once(
     assert values(kit, table) == plus(initial, 10)
 
 
+def test_waiting_wakes_when_the_job_finishes_in_this_process(
+    kit: shardkit.Kit, tables: Tables
+) -> None:
+    table, initial = key_table(tables, "sequential", 300)
+    job = kit.map(table, add_ten(table), transactional=True, page_size=50)
+    # Read once an hour: only the news of the job's end, from this process, ends the
+    # wait before its deadline.
+    done = job.wait(WAIT, poll=3600)
+
+    assert (done.state, done.rows) == ("complete", 300)
+    assert values(kit, table) == plus(initial, 10)
+
+
 def test_a_cancelled_job_stops_taking_ranges(kit: shardkit.Kit, tables: Tables) -> None:
     table, _ = key_table(tables, "sequential", 1000)
     entered, release = threading.Event(), threading.Event()

@@ -67,9 +67,12 @@ class Job:
 
     def wait(self, timeout: float | None = None, *, poll: float = 0.1) -> JobStatus:
         """Block until the job is complete and return its status. Raises ``JobFailed``
-        if it failed or was cancelled, ``JobTimeout`` after ``timeout`` seconds. Polls
-        only the job's state, every ``poll`` seconds, and reads its status at the end."""
+        if it failed or was cancelled, ``JobTimeout`` after ``timeout`` seconds. Reads
+        only the job's state: every ``poll`` seconds, and at once when this process
+        finishes a job (so a job run here is seen to end when it does); its status is
+        read at the end."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        seen = self._mapper.finished
         while True:
             state = self._mapper.state(self.id)
             if state in (FAILED, CANCELLED):
@@ -83,7 +86,8 @@ class Job:
                     f"job {self.id} still running after {timeout} s "
                     f"({status.rows} rows, {status.pending} ranges pending)"
                 )
-            time.sleep(poll)
+            left = poll if deadline is None else min(poll, deadline - time.monotonic())
+            seen = self._mapper.await_finish(seen, max(left, 0.0))
 
     def cancel(self) -> bool:
         """Stop the job: pending ranges are no longer picked up (a page in progress

@@ -32,6 +32,7 @@ from shardkit.mapper.ledger import (
     COMPLETE,
     DONE,
     FAILED,
+    FINISHED,
     PENDING,
     RUNNING,
     JobStatus,
@@ -77,6 +78,37 @@ class Mapper:
         self.signer = signer
         self._specs: dict[str, MapSpec] = {}
         self._lock = threading.Lock()
+        self._news = threading.Condition()  # notified when this process finishes a job
+        self._finished = 0  # how many times it has
+
+    # -- news for waiters ----------------------------------------------------------------
+
+    @property
+    def finished(self) -> int:
+        """How many times this process has finished (completed, failed, cancelled) a job."""
+        with self._news:
+            return self._finished
+
+    def await_finish(self, seen: int, timeout: float) -> int:
+        """Block until this process finishes a job past the ``seen``-th time, or for
+        ``timeout`` seconds; return ``finished``. Jobs finished by other processes wake
+        no one here: waiters poll for those."""
+        with self._news:
+            self._news.wait_for(lambda: self._finished != seen, timeout)
+            return self._finished
+
+    def _set_state(
+        self, job: str, to: str, *, when: Sequence[str], error: str | None = None
+    ) -> bool:
+        moved = self.ledger.set_state(job, to, when=when, error=error)
+        if moved and to in FINISHED:
+            self._announce()
+        return moved
+
+    def _announce(self) -> None:
+        with self._news:
+            self._finished += 1
+            self._news.notify_all()
 
     # -- jobs ----------------------------------------------------------------------------
 
@@ -119,14 +151,14 @@ class Mapper:
 
     def cancel(self, job: str) -> bool:
         self.status(job)
-        return self.ledger.set_state(job, CANCELLED, when=[RUNNING])
+        return self._set_state(job, CANCELLED, when=[RUNNING])
 
     def resume(self, job: str) -> int:
         status = self.status(job)
         if status.state in (COMPLETE, CANCELLED):
             return 0
         spec = self._spec(job)  # a job this process cannot run is refused here
-        self.ledger.set_state(job, RUNNING, when=[RUNNING, FAILED])
+        self._set_state(job, RUNNING, when=[RUNNING, FAILED])
         self.ledger.reset_failures(job)
         pending = self.ledger.pending(job)
         self._submit(job, pending)
@@ -306,9 +338,10 @@ class Mapper:
                 f"completing job {job!r}", work
             ):
                 log.info("job %s complete", job)
+                self._announce()
         except Exception as exc:
             error = _describe(exc)
-            self.ledger.set_state(job, FAILED, when=[RUNNING], error=f"completing: {error}")
+            self._set_state(job, FAILED, when=[RUNNING], error=f"completing: {error}")
             log.warning("job %s: completing failed: %s", job, error)
 
     def _failed(self, job: str, range_id: str, exc: Exception) -> None:
@@ -321,7 +354,7 @@ class Mapper:
             if failures == 0:
                 return
             if failures > retries:
-                self.ledger.set_state(job, FAILED, when=[RUNNING], error=error)
+                self._set_state(job, FAILED, when=[RUNNING], error=error)
                 log.warning("job %s failed: range %s: %s", job, range_id, error)
                 return
             delay = min(_MAX_RETRY_DELAY, _RETRY_DELAY * 2 ** (failures - 1))
