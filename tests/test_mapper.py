@@ -33,7 +33,8 @@ from shardkit.errors import (
 )
 from shardkit.executor import LocalExecutor, Marks
 from shardkit.mapper import Batch, Completion, Job, MapSpec, Signer, TableSource
-from shardkit.mapper.keys import KeyRange
+from shardkit.mapper.keys import KeyRange, load_key
+from shardkit.mapper.ledger import Child
 from shardkit.mapper.runner import split_points
 from shardkit.mapper.source import Sample
 from shardkit.mapper.spec import reference
@@ -386,10 +387,10 @@ def test_a_sample_is_thinned_to_its_quantiles_in_the_database(
         ]
         after, rng = ordered[49], KeyRange(None, ordered[350])  # 300 keys: [50, 350)
         whole = source.sample(conn, rng, after, 1000, 7)
-        assert whole.drawn == 300  # all there is: the quantiles are known exactly
+        assert (whole.drawn, whole.rows) == (300, 300)  # all there is: known exactly
         assert list(whole.keys) == [ordered[49 + -(-k * 300 // 7)] for k in range(1, 8)]
         every = source.sample(conn, rng, after, 1000, 300)
-        assert (every.drawn, list(every.keys)) == (300, ordered[50:350])
+        assert (every.drawn, every.rows, list(every.keys)) == (300, 300, ordered[50:350])
         drawn = source.sample(conn, rng, after, 120, 16)
         assert drawn.drawn == 120
         assert len(drawn.keys) == 16
@@ -433,6 +434,42 @@ class SampleRecorder(TableSource):
     def sample(self, conn: Any, rng: KeyRange, after: Any, size: int, points: int) -> Sample:
         self.sampled.append(rng)
         return super().sample(conn, rng, after, size, points)
+
+
+def test_a_full_sample_estimates_the_rows_of_its_range(kit: shardkit.Kit, tables: Tables) -> None:
+    table, _ = key_table(tables, "sparse", 5000)
+    source = TableSource(table, "k")
+    with tables.engine.connect() as conn:
+        low, high = sorted(key for (key,) in conn.execute(sa.select(table.c.k)))[999:4001:3000]
+        # 3000 rows in [low, high), 1000 of them drawn: the draw's largest random value
+        # estimates the rest (a standard error of about 3%).
+        estimates = [source.sample(conn, KeyRange(low, high), None, 1000, 8).rows for _ in "abc"]
+    assert all(e is not None and 2400 <= e <= 3600 for e in estimates), estimates
+
+
+def test_a_range_planned_at_a_few_pages_goes_on_in_place(kit: shardkit.Kit, tables: Tables) -> None:
+    rows, page_size, fanout = 6000, 20, 4
+    table, initial = key_table(tables, "skewed", rows)
+    job = kit.map(table, add_ten(table), transactional=True, page_size=page_size, fanout=fanout)
+    status = job.wait(WAIT)
+
+    assert values(kit, table) == plus(initial, 10)
+    assert status.rows == rows
+    r = sql_store(kit).ranges_table
+    with sql_store(kit).engine.connect() as conn:
+        ranges = conn.execute(
+            sa.select(r.c.id, r.c.parent, r.c.lo, r.c.hi, r.c.planned, r.c.pages).where(
+                r.c.job == job.id
+            )
+        ).all()
+    parents = {row.parent for row in ranges}
+    # The parent's sample put at most `fanout` pages past a first page in these ranges.
+    few = [row for row in ranges if (row.planned or 1e9) <= (fanout + 1) * page_size]
+    assert any(row.pages > 1 for row in few)  # visited in place, page after page
+    for row in few:
+        if row.id in parents:  # split all the same: only once past its plan
+            rng = KeyRange(load_key(row.lo), load_key(row.hi))
+            assert sum(1 for key in initial if rng.contains(key)) > row.planned
 
 
 def test_the_root_splits_between_its_bounds_and_the_others_sample(
@@ -481,7 +518,7 @@ def test_a_finishing_range_holds_another_pending_range_until_it_commits(
     with store.engine.begin() as conn:
         taken = ledger.take(conn, job, root)
         assert taken is not None
-        thirds = [(KeyRange(None, 10), None), (KeyRange(10, 20), None), (KeyRange(20), None)]
+        thirds = [Child(KeyRange(None, 10)), Child(KeyRange(10, 20)), Child(KeyRange(20))]
         done = ledger.checkpoint(
             conn, job, taken, after=None, rows=0, children=thirds, count_page=False
         )

@@ -14,7 +14,7 @@ import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -30,12 +30,23 @@ FINISHED = (COMPLETE, CANCELLED, FAILED)
 
 @dataclass(frozen=True)
 class RangeRow:
-    """A range as the ledger holds it."""
+    """A range as the ledger holds it: ``visited`` rows so far, and the rows its parent's
+    sample ``planned`` in it (None if its parent did not sample)."""
 
     id: str
     range: KeyRange
     after: Key | None
     depth: int
+    visited: int
+    planned: int | None
+
+
+class Child(NamedTuple):
+    """A range to record: its bounds, its starting checkpoint and its planned rows."""
+
+    range: KeyRange
+    after: Key | None = None
+    planned: int | None = None
 
 
 @dataclass(frozen=True)
@@ -76,7 +87,7 @@ class RangeLedger:
         r, j = self.ranges, self.jobs
         self._this = sa.and_(r.c.job == sa.bindparam("p_job"), r.c.id == sa.bindparam("p_range"))
         running = sa.exists().where(j.c.id == sa.bindparam("p_job"), j.c.state == RUNNING)
-        read = (r.c.lo, r.c.hi, r.c.after, r.c.depth)
+        read = (r.c.lo, r.c.hi, r.c.after, r.c.depth, r.c.rows, r.c.planned)
         self._lock = (
             sa.update(r)
             .where(self._this, r.c.state == PENDING, running)
@@ -146,7 +157,7 @@ class RangeLedger:
             row = {"id": job, "state": RUNNING, "spec": spec, "created_at": now}
             if not self.store.dialect.insert_ignore(conn, self.jobs, row):
                 return False
-            self._insert(conn, job, None, [(root, None)], 0, now)
+            self._insert(conn, job, None, [Child(root)], 0, now)
             return True
 
         return self.store.transaction(f"starting job {job!r}", work)
@@ -291,12 +302,12 @@ class RangeLedger:
         *,
         after: Key | None,
         rows: int,
-        children: Sequence[tuple[KeyRange, Key | None]] | None,
+        children: Sequence[Child] | None,
         count_page: bool,
     ) -> tuple[list[str], bool] | None:
         """In ``conn``'s transaction: record a page of ``rows`` rows ending at ``after``,
         if the range is still pending at the checkpoint ``row`` was read at. With
-        ``children`` (ranges and their starting checkpoints), record them and mark the
+        ``children``, record them and mark the
         range done; with None, keep it pending; with ``[]``, mark it done (nothing left)
         and lock another pending range of the job that no other transaction holds, if
         there is one: its next run waits for this transaction to commit, so it finishes
@@ -331,27 +342,28 @@ class RangeLedger:
         conn: Connection,
         job: str,
         parent: str | None,
-        ranges: Sequence[tuple[KeyRange, Key | None]],
+        ranges: Sequence[Child],
         depth: int,
         now: float,
     ) -> list[str]:
-        ids = [rng.id(job) for rng, _ in ranges]
+        ids = [child.range.id(job) for child in ranges]
         rows = [
             {
                 "job": job,
                 "id": range_id,
                 "parent": parent,
-                "lo": dump_key(rng.lo),
-                "hi": dump_key(rng.hi),
-                "after": dump_key(after),
+                "lo": dump_key(child.range.lo),
+                "hi": dump_key(child.range.hi),
+                "after": dump_key(child.after),
                 "state": PENDING,
                 "depth": depth,
                 "rows": 0,
+                "planned": child.planned,
                 "pages": 0,
                 "failures": 0,
                 "created_at": now,
             }
-            for range_id, (rng, after) in zip(ids, ranges, strict=True)
+            for range_id, child in zip(ids, ranges, strict=True)
         ]
         self.store.dialect.insert_ignore_many(conn, self.ranges, rows)
         return ids
@@ -377,8 +389,13 @@ class RangeLedger:
 
 def _range_row(range_id: str, row: Any) -> RangeRow:
     return RangeRow(
-        range_id, KeyRange(load_key(row.lo), load_key(row.hi)), load_key(row.after), row.depth
+        range_id,
+        KeyRange(load_key(row.lo), load_key(row.hi)),
+        load_key(row.after),
+        row.depth,
+        row.rows,
+        row.planned,
     )
 
 
-__all__ = ["JobStatus", "RangeLedger", "RangeRow"]
+__all__ = ["Child", "JobStatus", "RangeLedger", "RangeRow"]

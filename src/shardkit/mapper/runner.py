@@ -35,6 +35,7 @@ from shardkit.mapper.ledger import (
     FINISHED,
     PENDING,
     RUNNING,
+    Child,
     JobStatus,
     RangeLedger,
     RangeRow,
@@ -51,7 +52,7 @@ _MAX_SAMPLE = 20_000
 _RETRY_DELAY = 0.05  # seconds before the first retry of a failed range; doubles
 _MAX_RETRY_DELAY = 30.0
 
-_Children = list[tuple[KeyRange, Key | None]]
+_Children = list[Child]
 
 
 class _Next(NamedTuple):
@@ -282,10 +283,18 @@ class Mapper:
     def _plan(
         self, conn: Connection, spec: MapSpec, row: RangeRow, rows: list[Any], after: Key | None
     ) -> _Children | None:
-        """What follows a page: ``[]`` (the range is exhausted), None (one more page will
-        do: stay), or the children that split what is left of the range."""
+        """What follows a page: ``[]`` (the range is exhausted), None (stay: one more page
+        will do, or a few that are not worth a split), or the children that split what
+        is left of the range."""
         if len(rows) < spec.page_size:
             return []
+        if row.planned is not None:
+            left = row.planned - row.visited - len(rows)
+            if 0 < left <= spec.fanout * spec.page_size:
+                # Its parent's sample put at most `fanout` pages in what is left: a split
+                # would read them all for a sample, to make children of a page or less.
+                # Past its plan (more rows than the sample showed), it samples again.
+                return None
         if row.depth == 0:
             # The root runs alone: a sample would read the whole source while every
             # other worker waits, and its real bounds are two index probes. Its children
@@ -303,7 +312,7 @@ class Mapper:
         if not sample.drawn:
             return []
         cuts = split_points(sample, size, spec.fanout, spec.page_size)
-        return _children(row.range, cuts, after) if cuts else None
+        return _children(row.range, cuts, after, sample.rows) if cuts else None
 
     def _plan_by_bounds(
         self, conn: Connection, spec: MapSpec, row: RangeRow, after: Key | None
@@ -380,10 +389,14 @@ def split_points(sample: Sample, size: int, fanout: int, page_size: int) -> list
     return [keys[len(keys) * i // parts] for i in range(1, parts)]
 
 
-def _children(rng: KeyRange, points: Sequence[Key], after: Key | None) -> _Children:
-    """``rng`` cut at ``points``; the first piece keeps the checkpoint ``after``."""
+def _children(
+    rng: KeyRange, points: Sequence[Key], after: Key | None, rows: int | None = None
+) -> _Children:
+    """``rng`` cut at ``points`` (its quantiles, if it holds ``rows`` rows past ``after``:
+    each piece is planned an even share); the first piece keeps the checkpoint ``after``."""
     pieces = rng.split(points)
-    return [(piece, after if i == 0 else None) for i, piece in enumerate(pieces)]
+    planned = None if rows is None else -(-rows // len(pieces))
+    return [Child(piece, after if i == 0 else None, planned) for i, piece in enumerate(pieces)]
 
 
 def _describe(exc: BaseException) -> str:

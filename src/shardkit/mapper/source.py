@@ -31,10 +31,15 @@ class Sample:
     database's): the keys of rank ``ceil(k * drawn / points)`` for k = 1…points, each
     once, so the largest drawn key is last and, when ``drawn <= points``, every drawn key
     is there. Key ``i`` therefore has about ``(i + 1) * drawn / len(keys)`` drawn keys at
-    or below it."""
+    or below it.
+
+    ``rows`` is how many rows the sampled range holds: ``drawn`` when fewer than the
+    ``size`` asked for were drawn (every row was), else an estimate from the draw, or None
+    if the source cannot tell."""
 
     keys: Sequence[Key]
     drawn: int
+    rows: int | None = None
 
 
 @runtime_checkable
@@ -162,20 +167,33 @@ class TableSource:
             statement = self._samples[shape] = self._sample_statement(*shape)
         params.update(shardkit_size=size, shardkit_points=points)
         rows = conn.execute(statement, params).all()
+        if not rows:
+            return Sample([], 0, 0)
         n = len(self.key)
         keys = [row[0] for row in rows] if n == 1 else [tuple(row[:n]) for row in rows]
-        return Sample(keys, rows[0][n] if rows else 0)
+        drawn, top = rows[0][n], rows[0][n + 1]
+        # The largest of the ``size`` smallest of N uniform draws is about size / N, so
+        # (size - 1) / top estimates N (within about 1 / sqrt(size)).
+        total = drawn if drawn < size else max(drawn, round((size - 1) / max(top, 1e-12)))
+        return Sample(keys, drawn, total)
 
     def _sample_statement(self, dialect: str, edges: tuple[str, ...]) -> sa.Select[Any]:
-        # ORDER BY random() reads the rest of the range once (a top-N sort): the price of
-        # split points that follow the data, however skewed. The rank r of a quantile
-        # k * drawn / points (rounded up) is the one whose r * points passes a multiple
-        # of drawn: (r * points) % drawn < points, in integers on every database.
-        shuffle = sa.func.rand() if dialect in ("mysql", "mariadb") else sa.func.random()
+        # ORDER BY a random draw reads the rest of the range once (a top-N sort): the
+        # price of split points that follow the data, however skewed. The rank r of a
+        # quantile k * drawn / points (rounded up) is the one whose r * points passes a
+        # multiple of drawn: (r * points) % drawn < points, in integers on every database.
+        uniform: sa.ColumnElement[Any]
+        if dialect in ("mysql", "mariadb"):
+            uniform = sa.func.rand()
+        elif dialect == "sqlite":  # random() is a 64-bit integer there
+            uniform = sa.func.random() / sa.literal(2.0**64) + sa.literal(0.5)
+        else:
+            uniform = sa.func.random()
+        draw = uniform.label("shardkit_draw")
         picked = (
-            sa.select(*self._columns)
+            sa.select(*self._columns, draw)
             .where(*self._where(edges))
-            .order_by(shuffle)
+            .order_by(draw)
             .limit(sa.bindparam("shardkit_size", type_=sa.Integer))
             .subquery("shardkit_sample")
         )
@@ -184,11 +202,16 @@ class TableSource:
             *keys,
             sa.func.row_number().over(order_by=keys).label("shardkit_rank"),
             sa.func.count().over().label("shardkit_drawn"),
+            sa.func.max(picked.c.shardkit_draw).over().label("shardkit_top"),
         ).subquery("shardkit_ranked")
         columns = [ranked.c[name] for name in self.key]
         rank, drawn = ranked.c.shardkit_rank, ranked.c.shardkit_drawn
         every = sa.bindparam("shardkit_points", type_=sa.Integer)
-        return sa.select(*columns, drawn).where(rank * every % drawn < every).order_by(*columns)
+        return (
+            sa.select(*columns, drawn, ranked.c.shardkit_top)
+            .where(rank * every % drawn < every)
+            .order_by(*columns)
+        )
 
     def bounds(self, conn: Connection, rng: KeyRange, after: Key | None) -> tuple[Key, Key] | None:
         edges, params = self._edges(rng, after)

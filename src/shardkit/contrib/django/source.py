@@ -88,7 +88,8 @@ class QuerySetSource:
         )
         drawn = len(keys)
         ranks = sorted({-(-k * drawn // points) for k in range(1, points + 1)} - {0})
-        return Sample([keys[rank - 1] for rank in ranks], drawn)
+        # Fewer drawn than asked: that is every row left. Otherwise the count is unknown.
+        return Sample([keys[rank - 1] for rank in ranks], drawn, drawn if drawn < size else None)
 
     def bounds(self, conn: Connection, rng: KeyRange, after: Key | None) -> tuple[Key, Key] | None:
         edges = self._within(conn, rng, after).aggregate(
