@@ -85,3 +85,16 @@ def test_a_url_store_keeps_a_connection_open_for_each_local_worker(sqlite_url: s
         run_together(workers + 1, lambda _: hold())
         # Past SQLAlchemy's default pool of 5, returned connections would be closed.
         assert store.engine.pool.checkedin() == workers + 1
+
+
+def test_a_handed_in_engine_smaller_than_the_local_workers_is_warned_of(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    for pool_size, warned in ((5, True), (9, False)):
+        engine = sa.create_engine(sqlite_url, pool_size=pool_size)
+        caplog.clear()
+        with shardkit.connect(engine, prefix=PREFIX, executor=LocalExecutor(workers=8)):
+            pass
+        engine.dispose()
+        said = [r.getMessage() for r in caplog.records if r.name == "shardkit"]
+        assert any("pool_size=9" in message for message in said) is warned, said

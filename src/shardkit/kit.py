@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy.engine import Engine
+from sqlalchemy.pool import QueuePool
 
 from shardkit.cache import Cache, open_cache
 from shardkit.counters import (
@@ -368,13 +369,15 @@ def connect(
 
     A store given by URL keeps a connection open for each worker of a local executor,
     and one for the calling thread (at least 5); an ``Engine`` handed in keeps its own
-    pool, which should be as large.
+    pool, which should be as large (a smaller one is logged as a warning).
     """
     check_kit_options(prefix, cache_ttl, max_shards, key_retention)
     store = store or os.environ.get("SHARDKIT_STORE") or DEFAULT_STORE
     executor = executor or LocalExecutor()
     pool_size = max(5, executor.workers + 1) if isinstance(executor, LocalExecutor) else None
     the_store = open_store(store, prefix=prefix, pool_size=pool_size)
+    if isinstance(store, Engine) and pool_size is not None:
+        _check_pool(store, pool_size)
     try:
         the_store.create_schema()
         the_cache = open_cache(cache or os.environ.get("SHARDKIT_CACHE") or DEFAULT_CACHE)
@@ -397,6 +400,21 @@ def connect(
         executor=executor,
         secret=secret,
     )
+
+
+def _check_pool(engine: Engine, wanted: int) -> None:
+    """Warn when a handed-in engine pools fewer connections than the local executor's
+    workers and the caller use at once: past the pool, each is reopened for every task."""
+    pool = engine.pool
+    if isinstance(pool, QueuePool) and pool.size() < wanted:
+        log.warning(
+            "the store's engine pools %d connections, and the local executor's workers and "
+            "the caller use %d at once: the others are opened and closed for every task "
+            "(create the engine with pool_size=%d)",
+            pool.size(),
+            wanted,
+            wanted,
+        )
 
 
 def build(
