@@ -68,9 +68,9 @@ class Job:
     def wait(self, timeout: float | None = None, *, poll: float = 0.1) -> JobStatus:
         """Block until the job is complete and return its status. Raises ``JobFailed``
         if it failed or was cancelled, ``JobTimeout`` after ``timeout`` seconds. Reads
-        only the job's state: every ``poll`` seconds, and at once when this process
-        finishes a job (so a job run here is seen to end when it does); its status is
-        read at the end."""
+        only the job's state: every ``poll`` seconds, and at once when this handle's kit
+        finishes a job (so a job run on its local executor is seen to end when it does);
+        its status is read at the end."""
         deadline = None if timeout is None else time.monotonic() + timeout
         seen = self._mapper.finished
         while True:

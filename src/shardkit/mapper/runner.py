@@ -65,6 +65,15 @@ class _Next(NamedTuple):
     complete: bool = False
 
 
+class _Page(NamedTuple):
+    """A page read from a range, and what follows it (see ``Mapper._plan``)."""
+
+    row: RangeRow
+    rows: list[Any]
+    after: Key | None
+    children: _Children | None
+
+
 class Mapper:
     """Starts jobs, runs their range tasks, reports on them. Thread-safe.
 
@@ -79,21 +88,22 @@ class Mapper:
         self.signer = signer
         self._specs: dict[str, MapSpec] = {}
         self._lock = threading.Lock()
-        self._news = threading.Condition()  # notified when this process finishes a job
+        self._news = threading.Condition()  # notified when this mapper finishes a job
         self._finished = 0  # how many times it has
 
     # -- news for waiters ----------------------------------------------------------------
 
     @property
     def finished(self) -> int:
-        """How many times this process has finished (completed, failed, cancelled) a job."""
+        """How many times this mapper (its kit) has finished a job: completed, failed or
+        cancelled it."""
         with self._news:
             return self._finished
 
     def await_finish(self, seen: int, timeout: float) -> int:
-        """Block until this process finishes a job past the ``seen``-th time, or for
-        ``timeout`` seconds; return ``finished``. Jobs finished by other processes wake
-        no one here: waiters poll for those."""
+        """Block until this mapper finishes a job past the ``seen``-th time, or for
+        ``timeout`` seconds; return ``finished``. Jobs finished elsewhere (another kit,
+        another process) wake no one here: waiters poll for those."""
         with self._news:
             self._news.wait_for(lambda: self._finished != seen, timeout)
             return self._finished
@@ -218,21 +228,27 @@ class Mapper:
     def _step(self, job: str, range_id: str, spec: MapSpec) -> _Next | None:
         """Visit one page. Returns what comes next (None: read the range again)."""
         if spec.transactional:
-            return self.store.transaction(
-                f"mapping a range of job {job!r}",
-                lambda conn: self._page(conn, conn, job, range_id, spec),
-            )
-        with self.store.engine.connect() as conn:
-            return self._page(conn, None, job, range_id, spec)
 
-    def _page(
+            def visit(tx: Connection) -> _Next | None:
+                page = self._read(tx, tx, job, range_id, spec)
+                return page if isinstance(page, _Next) else self._visit(tx, job, spec, page)
+
+            return self.store.transaction(f"mapping a range of job {job!r}", visit)
+        # The read's connection returns to the pool before fn runs, however long.
+        with self.store.engine.connect() as conn:
+            page = self._read(conn, None, job, range_id, spec)
+        return page if isinstance(page, _Next) else self._visit(None, job, spec, page)
+
+    def _read(
         self,
         conn: Connection,
         tx: Connection | None,
         job: str,
         range_id: str,
         spec: MapSpec,
-    ) -> _Next | None:
+    ) -> _Next | _Page:
+        """Take (in ``tx``) or read the range, read its next page and plan what follows;
+        or what follows at once, when the range is not there to visit."""
         row = None if tx is None else self.ledger.take(tx, job, range_id)
         if row is None:
             found = self.ledger.read_range(conn, job, range_id)
@@ -248,11 +264,13 @@ class Mapper:
                 return _Next(state)
         rows = spec.source.page(conn, row.range, row.after, spec.page_size)
         after = spec.source.key_of(rows[-1]) if rows else row.after
-        children = self._plan(conn, spec, row, rows, after)
-        if tx is None:
-            conn.rollback()  # end the read transaction before fn runs, however long
-        spec.fn(Batch(rows, job, range_id, tx))
-        return self._checkpoint(tx, job, row, after, len(rows), children)
+        return _Page(row, rows, after, self._plan(conn, spec, row, rows, after))
+
+    def _visit(self, tx: Connection | None, job: str, spec: MapSpec, page: _Page) -> _Next | None:
+        """Hand the page to fn and checkpoint it (in ``tx``, or in a transaction of its
+        own)."""
+        spec.fn(Batch(page.rows, job, page.row.id, tx))
+        return self._checkpoint(tx, job, page.row, page.after, len(page.rows), page.children)
 
     def _checkpoint(
         self,

@@ -361,12 +361,26 @@ class SqlStore:
             for attempt in range(2):
                 try:
                     self.metadata.create_all(self.engine, checkfirst=True)
+                    self.add_missing_columns()
                     return
                 except (sa.exc.ProgrammingError, sa.exc.IntegrityError, sa.exc.OperationalError):
                     if attempt:
                         raise
         except SQLAlchemyError as exc:
             raise self._error(exc, "creating the schema") from exc
+
+    def add_missing_columns(self) -> None:
+        """Add to tables made by an earlier version the nullable columns they lack (a
+        range's ``planned`` rows). Idempotent; a concurrent caller's addition makes this
+        one fail, and a second look finds the column there."""
+        table = self.ranges_table
+        with self.engine.begin() as conn:
+            have = {column["name"] for column in sa.inspect(conn).get_columns(table.name)}
+            for column in table.columns:
+                if column.name not in have and column.nullable:
+                    definition = sa.schema.CreateColumn(column).compile(dialect=conn.dialect)
+                    name = conn.dialect.identifier_preparer.format_table(table)
+                    conn.exec_driver_sql(f"ALTER TABLE {name} ADD COLUMN {definition}")
 
     # -- counters ----------------------------------------------------------------------
 

@@ -1,0 +1,19 @@
+"""A range's ``planned`` rows, for mapper tables made before it (new ones have it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import migrations
+
+from shardkit.contrib.django.conf import options
+from shardkit.contrib.django.store import DjangoStore
+
+
+def add_columns(apps: Any, schema_editor: Any) -> None:
+    DjangoStore(schema_editor.connection.alias, prefix=options()["PREFIX"]).add_missing_columns()
+
+
+class Migration(migrations.Migration):
+    dependencies = [("shardkit", "0001_initial")]
+    operations = [migrations.RunPython(add_columns, migrations.RunPython.noop)]
