@@ -29,7 +29,7 @@ from shardkit.errors import BackendError
 from shardkit.store.base import CounterInfo
 from shardkit.validation import check_block
 
-# Consecutive blocks whose key the cache lost at once before giving up.
+# Blocks whose key the cache lost at once, or refused to increment, before giving up.
 _ATTEMPTS = 5
 # How long a writer waits for the writer that claimed the next block to publish it,
 # before reserving one itself (that writer may have died).
@@ -63,13 +63,23 @@ class IdAllocator:
         return self._settings.cache_key(self.name, f"ids:{mark}")
 
     def next(self) -> int:
-        """A new id: one cache round trip, plus one store round trip per block used."""
+        """A new id: one cache round trip, plus one store round trip per block used.
+
+        A block whose key the cache refuses to increment is left behind, as if lost (its
+        unused ids become a hole): memcached 1.6 now and then answers "non-numeric value"
+        for a key that holds a number, and keeps answering so for that key."""
         cache = self._settings.cache
-        losses = 0
+        losses = refusals = 0
         while True:
             mark, key = self._mark, self._key
             if mark:
-                candidate = cache.incr(key, 1)
+                try:
+                    candidate = cache.incr(key, 1)
+                except BackendError:
+                    refusals += 1
+                    if refusals == _ATTEMPTS:
+                        raise
+                    candidate = None
                 if candidate is not None and candidate <= mark:
                     return candidate
             # Used up (by this and other writers), lost, or none yet: move on.
