@@ -307,10 +307,10 @@ class Kit:
         in place). With ``transactional``, ``batch.conn`` is the transaction that commits
         the page's checkpoint: fn's writes through it happen exactly once. Otherwise each
         page is visited at least once. A page is retried up to ``retries`` times, then
-        the job fails. ``on_complete(completion)`` runs once,
-        in the transaction that marks the job complete. ``fn`` and ``on_complete`` may be
-        import paths (``"package.module:name"``). Starting a ``job`` id that exists
-        resumes that job. Bad options raise before anything is written.
+        the job fails. ``on_complete(completion)`` runs once, in the transaction that
+        marks the job complete. ``fn`` and ``on_complete`` may be import paths
+        (``"package.module:name"``). Starting a ``job`` id that exists resumes that job.
+        Bad options raise before anything is written.
         """
         check_mapping(page_size, fanout, retries)
         job_id = uuid.uuid4().hex if job is None else check_job_id(job)

@@ -376,10 +376,10 @@ class SqlStore:
         table = self.ranges_table
         with self.engine.begin() as conn:
             have = {column["name"] for column in sa.inspect(conn).get_columns(table.name)}
+            name = conn.dialect.identifier_preparer.format_table(table)
             for column in table.columns:
                 if column.name not in have and column.nullable:
                     definition = sa.schema.CreateColumn(column).compile(dialect=conn.dialect)
-                    name = conn.dialect.identifier_preparer.format_table(table)
                     conn.exec_driver_sql(f"ALTER TABLE {name} ADD COLUMN {definition}")
 
     # -- counters ----------------------------------------------------------------------

@@ -64,6 +64,11 @@ def options() -> dict[str, Any]:
     return {**_DEFAULTS, **given}
 
 
+def migration_store(schema_editor: Any) -> DjangoStore:
+    """The store on the database a migration runs on, with the configured prefix."""
+    return DjangoStore(schema_editor.connection.alias, prefix=options()["PREFIX"])
+
+
 def _executor(value: Any) -> Executor | None:
     """The executor a setting names: None, an Executor, a Celery app, or an import path
     (``"proj.celery:app"``) of either."""
@@ -153,4 +158,4 @@ def reconfigure(*, setting: str, **kwargs: Any) -> None:
         configure()
 
 
-__all__ = ["configure", "database", "kit", "options"]
+__all__ = ["configure", "database", "kit", "migration_store", "options"]

@@ -7,21 +7,16 @@ from typing import Any
 
 from django.db import migrations
 
-from shardkit.contrib.django.conf import options
-from shardkit.contrib.django.store import DjangoStore
-
-
-def _store(schema_editor: Any) -> DjangoStore:
-    return DjangoStore(schema_editor.connection.alias, prefix=options()["PREFIX"])
+from shardkit.contrib.django.conf import migration_store
 
 
 def create_tables(apps: Any, schema_editor: Any) -> None:
-    store = _store(schema_editor)
+    store = migration_store(schema_editor)
     store.metadata.create_all(store.engine)
 
 
 def drop_tables(apps: Any, schema_editor: Any) -> None:
-    store = _store(schema_editor)
+    store = migration_store(schema_editor)
     store.metadata.drop_all(store.engine)
 
 

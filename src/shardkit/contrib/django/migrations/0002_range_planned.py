@@ -6,12 +6,11 @@ from typing import Any
 
 from django.db import migrations
 
-from shardkit.contrib.django.conf import options
-from shardkit.contrib.django.store import DjangoStore
+from shardkit.contrib.django.conf import migration_store
 
 
 def add_columns(apps: Any, schema_editor: Any) -> None:
-    DjangoStore(schema_editor.connection.alias, prefix=options()["PREFIX"]).add_missing_columns()
+    migration_store(schema_editor).add_missing_columns()
 
 
 class Migration(migrations.Migration):
