@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from pymemcache.exceptions import MemcacheClientError
 
-from conftest import run_together
-from shardkit.cache import Cache
+from conftest import CACHE_URLS, require, run_together
+from shardkit.cache import Cache, open_cache
 from shardkit.validation import INT64_MAX, INT64_MIN
 
 
@@ -112,3 +115,53 @@ def test_bump_creates_an_absent_key_at_zero(cache: Cache, key: str) -> None:
 def test_concurrent_bumps_of_an_absent_key_are_exact(cache: Cache, key: str) -> None:
     run_together(8, lambda _: [cache.bump(key, 2) for _ in range(100)])
     assert cache.get(key) == 8 * 100 * 2
+
+
+@pytest.fixture(params=["one server", "hashed"])
+def memcached(request: pytest.FixtureRequest) -> Iterator[tuple[Cache, Any]]:
+    """The memcached cache, by URL of one server or of two (the same server twice, so that
+    a HashClient routes the keys), and a raw client to the same server."""
+    from pymemcache.client.base import Client
+
+    url = CACHE_URLS["memcached"]
+    require(url)
+    server = url.removeprefix("memcached://")
+    cache = open_cache(url if request.param == "one server" else f"{url},{server}")
+    raw = Client(server)
+    yield cache, raw
+    raw.close()
+    cache.close()
+
+
+def _refused(raw: Any, key: str, value: int, ttl: int) -> None:
+    """Store ``value`` (biased, as the cache stores it) with digit separators: memcached
+    refuses to increment it, as 1.6.18 now and then does a key holding plain digits."""
+    raw.set(key, f"{value + 2**63:_}".encode(), ttl, noreply=False)
+    with pytest.raises(MemcacheClientError, match="non-numeric"):
+        raw.incr(key, 1)
+
+
+def test_memcached_rewrites_a_key_it_refuses_to_increment_keeping_its_ttl(
+    memcached: tuple[Cache, Any], key: str
+) -> None:
+    cache, raw = memcached
+    _refused(raw, key, 10, ttl=600)
+    assert cache.get(key) == 10
+    assert cache.incr(key, 5) == 15
+    assert raw.incr(key, 0) == 15 + 2**63  # plain digits again: the server increments it
+    ttl = int(raw.raw_command(f"mg {key} t").split()[1][1:])
+    assert 590 <= ttl <= 600
+    _refused(raw, key, 10, ttl=0)
+    assert cache.incr(key, -30) == -20
+    assert raw.raw_command(f"mg {key} t").split()[1] == b"t-1"  # still without expiry
+    assert cache.bump(key, 1) == -19
+
+
+def test_memcached_rewrites_a_refused_key_exactly_under_concurrent_increments(
+    memcached: tuple[Cache, Any], key: str
+) -> None:
+    cache, raw = memcached
+    for round_ in range(20):
+        _refused(raw, key, round_, ttl=600)
+        run_together(8, lambda _: [cache.incr(key, 1) for _ in range(5)])
+        assert cache.get(key) == round_ + 8 * 5

@@ -7,8 +7,7 @@ from typing import Any
 import pytest
 
 import shardkit
-from conftest import CACHE_URLS, PREFIX, Target, require, run_together
-from shardkit.cache.memory import MemoryCache
+from conftest import CACHE_URLS, PREFIX, RefusingCache, Target, require, run_together
 from shardkit.errors import BackendError, CounterKindMismatch, ValidationError
 from shardkit.store import Store
 
@@ -43,32 +42,16 @@ def test_a_lost_cache_continues_above_every_id_handed_out(kit: shardkit.Kit, nam
     assert min(after) > reserved >= max(before)
 
 
-class RefusingCache(MemoryCache):
-    """The in-memory cache, refusing to increment the keys of the first ``refusals``
-    blocks it is asked to, as memcached 1.6 now and then does for a key holding a number."""
-
-    def __init__(self, refusals: int) -> None:
-        super().__init__()
-        self.refusals = refusals
-        self.refused: list[str] = []
-
-    def incr(self, key: str, delta: int) -> int | None:
-        if ":ids:" in key and len(self.refused) < self.refusals:
-            self.refused.append(key)
-            raise BackendError(f"cache {self.url} failed while incrementing: non-numeric value")
-        return super().incr(key, delta)
-
-
 def test_a_block_whose_key_the_cache_refuses_to_increment_is_left_behind(
     sqlite_url: str, name: str
 ) -> None:
-    cache = RefusingCache(refusals=2)
+    cache = RefusingCache(":ids:", refusals=2)
     with shardkit.connect(sqlite_url, cache, prefix=PREFIX) as kit:
         taken = kit.ids(name, block=10).take(15)
     assert len(cache.refused) == 2
     # The two refused blocks (1-10, 11-20) are holes; every id is new and increasing.
     assert taken == list(range(21, 36))
-    always = RefusingCache(refusals=10**6)
+    always = RefusingCache(":ids:", refusals=10**6)
     with (
         shardkit.connect(sqlite_url, always, prefix=PREFIX) as kit,
         pytest.raises(BackendError, match="non-numeric"),

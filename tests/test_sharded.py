@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import shardkit
-from conftest import PREFIX, run_together, shard_values
+from conftest import PREFIX, RefusingCache, run_together, shard_values
 from shardkit.errors import CounterKindMismatch, CounterNotFound
 
 
@@ -31,6 +31,18 @@ def test_cached_value_is_served_from_the_cache_and_adjusted_on_write(
     votes.incr(4)  # adjusts the cached value after the store commits
     assert votes.value() == 7
     assert votes.value(fresh=True) == 107
+
+
+def test_a_cached_value_the_cache_fails_to_adjust_is_dropped(sqlite_url: str, name: str) -> None:
+    cache = RefusingCache(":value:", refusals=1)
+    with shardkit.connect(sqlite_url, cache, prefix=PREFIX) as kit:
+        votes = kit.sharded(name)
+        assert votes.value() == 0  # cached
+        assert votes.incr(7)
+        assert len(cache.refused) == 1
+        assert votes.value() == 7  # from the store: the cached 0 was dropped, not kept
+        assert votes.incr(1)
+        assert votes.value() == 8  # cached again and adjusted
 
 
 def test_a_write_does_not_create_a_cached_value(kit: shardkit.Kit, name: str) -> None:

@@ -16,6 +16,8 @@ from shardkit.errors import BackendError, BackendUnavailable, ConfigurationError
 # stored shifted by 2**63: every signed 64-bit value maps to one unsigned value, in order.
 _BIAS = 2**63
 _MAX_TTL = 30 * 24 * 3600  # memcached reads a longer expiry as an absolute time
+_REFUSAL = b"non-numeric value"
+_REWRITES = 5
 
 
 def _encode_key(key: str) -> str:
@@ -81,9 +83,49 @@ class MemcachedCache:
         )
 
     def incr(self, key: str, delta: int) -> int | None:
+        """``incr``/``decr``. A key the server refuses to increment though it holds a number
+        (memcached 1.6.18 now and then does so for a key, and keeps doing so) is rewritten
+        instead: its value plus ``delta`` by compare-and-set, keeping its TTL. Atomic
+        either way: a rewrite that loses a race reads the key again."""
+        value: int | None = self._call("incrementing", self._incr, _encode_key(key), delta)
+        return value
+
+    def _incr(self, encoded: str, delta: int) -> int | None:
+        from pymemcache.exceptions import MemcacheClientError
+
         method = self._client.incr if delta >= 0 else self._client.decr
-        value = self._call("incrementing", method, _encode_key(key), abs(delta), noreply=False)
-        return None if value is None else int(value) - _BIAS
+        for _ in range(_REWRITES):
+            try:
+                value = method(encoded, abs(delta), noreply=False)
+                return None if value is None else int(value) - _BIAS
+            except MemcacheClientError as exc:
+                if _REFUSAL not in exc.args[0]:
+                    raise
+            stored, token = self._client.gets(encoded)
+            if stored is None:
+                return None
+            expire = self._expire_of(encoded, token)
+            if expire is None:
+                continue  # written since it was read
+            value = int(stored) + delta
+            # As memcached's own: a decrement stops at 0, an increment wraps at 2**64.
+            value = max(value, 0) if delta < 0 else value % 2**64
+            if self._client.cas(encoded, str(value).encode(), token, expire, noreply=False):
+                return value - _BIAS
+        raise BackendError(f"cache {self.url} kept refusing to increment a key")
+
+    def _expire_of(self, encoded: str, token: bytes) -> int | None:
+        """The expiry that keeps the key's remaining TTL, or None if the key no longer
+        has CAS ``token`` (memcached's meta get)."""
+        client = self._client
+        if not hasattr(client, "raw_command"):  # a HashClient: ask the key's server
+            client = client._get_client(encoded)
+        reply = client.raw_command(f"mg {encoded} t c").split()
+        fields = {field[:1]: field[1:] for field in reply[1:]}
+        if reply[:1] != [b"HD"] or fields.get(b"c") != token:
+            return None
+        ttl = int(fields[b"t"])
+        return 0 if ttl < 0 else max(1, ttl)
 
     def bump(self, key: str, delta: int) -> int:
         # memcached's incr never creates a key: on a miss, add it; if another client added

@@ -75,12 +75,20 @@ class ShardedCounter:
             check_name(key, "idempotency key")
         applied = settings.store.add(self.name, self._home_shard(), delta, key)
         if applied:
-            settings.best_effort(
-                "adjusting a cached value", lambda: settings.cache.incr(self._value_key, delta)
-            )
+            settings.best_effort("adjusting a cached value", lambda: self._adjust(delta))
         if key is not None and settings.random() < _PURGE_CHANCE:
             settings.store.purge_keys(time.time() - settings.key_retention)
         return applied
+
+    def _adjust(self, delta: int) -> None:
+        """Move the cached value by ``delta``; if the cache fails to, drop the value, so
+        that the next read goes to the store rather than serve it stale for its TTL."""
+        cache = self._settings.cache
+        try:
+            cache.incr(self._value_key, delta)
+        except BackendError:
+            cache.delete(self._value_key)
+            raise
 
     def _home_shard(self) -> int:
         # Keyed by process: a forked child takes its own ticket, not its parent's shard.
