@@ -12,6 +12,7 @@ from pymemcache.exceptions import MemcacheClientError
 
 from conftest import CACHE_URLS, require, run_together
 from shardkit.cache import Cache, open_cache
+from shardkit.errors import BackendError
 from shardkit.validation import INT64_MAX, INT64_MIN
 
 
@@ -165,3 +166,26 @@ def test_memcached_rewrites_a_refused_key_exactly_under_concurrent_increments(
         _refused(raw, key, round_, ttl=600)
         run_together(8, lambda _: [cache.incr(key, 1) for _ in range(5)])
         assert cache.get(key) == round_ + 8 * 5
+
+
+@pytest.mark.parametrize("kind", ["redis", "memcached"])
+def test_a_value_that_is_not_a_number_is_a_backend_error(kind: str, key: str) -> None:
+    url = CACHE_URLS[kind]
+    require(url)
+    foreign = b"another program's value"
+    if kind == "redis":
+        import redis
+
+        with redis.Redis.from_url(url) as raw:
+            raw.set(key, foreign, ex=600)
+    else:
+        from pymemcache.client.base import Client
+
+        raw = Client(url.removeprefix("memcached://"))
+        raw.set(key, foreign, 600, noreply=False)
+        raw.close()
+    cache = open_cache(url)
+    for call in (cache.get, lambda key: cache.get_many([key]), lambda key: cache.incr(key, 1)):
+        with pytest.raises(BackendError):
+            call(key)
+    cache.close()

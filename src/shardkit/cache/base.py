@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
+from shardkit.errors import BackendError
+
 
 @runtime_checkable
 class Cache(Protocol):
@@ -47,3 +49,12 @@ class Cache(Protocol):
 
     def close(self) -> None:
         """Release connections this cache opened (a live client is left alone)."""
+
+
+def read_number(url: str, stored: bytes | str) -> int:
+    """A value read from the cache at ``url`` as an int. Anything else under a shardkit key
+    (another program's value) is a ``BackendError``."""
+    try:
+        return int(stored)
+    except ValueError:
+        raise BackendError(f"cache {url} holds something other than a number") from None

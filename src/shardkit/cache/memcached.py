@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from shardkit._fork import reset_in_child
+from shardkit.cache.base import read_number
 from shardkit.errors import BackendError, BackendUnavailable, ConfigurationError, MissingDriver
 
 # memcached counters are unsigned 64-bit and a decrement stops at 0, so signed values are
@@ -66,14 +67,14 @@ class MemcachedCache:
 
     def get(self, key: str) -> int | None:
         value = self._call("reading", self._client.get, _encode_key(key))
-        return None if value is None else int(value) - _BIAS
+        return None if value is None else read_number(self.url, value) - _BIAS
 
     def get_many(self, keys: Iterable[str]) -> dict[str, int]:
         encoded = {_encode_key(key): key for key in keys}
         if not encoded:
             return {}
         values = self._call("reading", self._client.get_many, list(encoded))
-        return {encoded[k]: int(v) - _BIAS for k, v in values.items()}
+        return {encoded[k]: read_number(self.url, v) - _BIAS for k, v in values.items()}
 
     def add(self, key: str, value: int, ttl: float | None) -> bool:
         expire = 0 if ttl is None else min(_MAX_TTL, max(1, math.ceil(ttl)))
@@ -107,7 +108,7 @@ class MemcachedCache:
             expire = self._expire_of(encoded, token)
             if expire is None:
                 continue  # written since it was read
-            value = int(stored) + delta
+            value = read_number(self.url, stored) + delta
             # As memcached's own: a decrement stops at 0, an increment wraps at 2**64.
             value = max(value, 0) if delta < 0 else value % 2**64
             if self._client.cas(encoded, str(value).encode(), token, expire, noreply=False):

@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from shardkit import _urls
+from shardkit.cache.base import read_number
 from shardkit.errors import BackendError, BackendUnavailable, MissingDriver
 
 # INCRBY creates a missing key; a counter's cached value must not be created by a write
@@ -77,7 +78,7 @@ class RedisCache:
 
     def get(self, key: str) -> int | None:
         value = self._call("reading", self._client.get, key)
-        return None if value is None else int(value)
+        return None if value is None else read_number(self.url, value)
 
     def get_many(self, keys: Iterable[str]) -> dict[str, int]:
         wanted = list(keys)
@@ -85,7 +86,9 @@ class RedisCache:
             return {}
         values = self._call("reading", self._client.mget, wanted)
         return {
-            key: int(value) for key, value in zip(wanted, values, strict=True) if value is not None
+            key: read_number(self.url, value)
+            for key, value in zip(wanted, values, strict=True)
+            if value is not None
         }
 
     def add(self, key: str, value: int, ttl: float | None) -> bool:
