@@ -17,7 +17,7 @@ from shardkit.errors import BackendError, BackendUnavailable, ConfigurationError
 # stored shifted by 2**63: every signed 64-bit value maps to one unsigned value, in order.
 _BIAS = 2**63
 _MAX_TTL = 30 * 24 * 3600  # memcached reads a longer expiry as an absolute time
-_REFUSAL = b"non-numeric value"
+_REFUSAL = "non-numeric value"
 _REWRITES = 5
 
 
@@ -100,7 +100,7 @@ class MemcachedCache:
                 value = method(encoded, abs(delta), noreply=False)
                 return None if value is None else int(value) - _BIAS
             except MemcacheClientError as exc:
-                if _REFUSAL not in exc.args[0]:
+                if _REFUSAL not in str(exc):
                     raise
             stored, token = self._client.gets(encoded)
             if stored is None:
