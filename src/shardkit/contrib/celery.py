@@ -15,6 +15,7 @@ That is safe because shardkit's tasks are idempotent.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -71,6 +72,9 @@ class CeleryExecutor:
         dedupe: str | None = None,
         window: float = 60.0,
     ) -> bool:
+        # Due ``delay`` seconds from this call, not from when the broker is reached: a
+        # first submission connects first, which may take a good part of a second.
+        due = datetime.now(timezone.utc) + timedelta(seconds=delay) if delay > 0 else None
         if task not in self._tasks or self._marks is None:
             raise ConfigurationError(f"no task named {task!r} is bound to {self.url}")
         if dedupe is not None and not self._marks.claim(dedupe, max(delay, 0.0) + window):
@@ -79,7 +83,7 @@ class CeleryExecutor:
             self.app.send_task(
                 f"shardkit.{task}",
                 kwargs=dict(args),
-                countdown=delay if delay > 0 else None,
+                eta=due,
                 serializer="json",
                 queue=self.queue,
             )
