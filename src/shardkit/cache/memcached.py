@@ -36,6 +36,11 @@ class MemcachedCache:
     shared = True
 
     def __init__(self, client: Any, *, url: str = "memcached://", servers: list[str] | None = None):
+        # Imported once, not on every call: given a pymemcache client, pymemcache is there.
+        from pymemcache.exceptions import MemcacheClientError, MemcacheError
+
+        self._failed: type[Exception] = MemcacheError
+        self._refused: type[Exception] = MemcacheClientError
         self._client = client
         self._servers = servers
         self.url = url
@@ -56,13 +61,11 @@ class MemcachedCache:
             self._client = _pooled_client(self._servers)
 
     def _call(self, action: str, method: Any, *args: Any, **kwargs: Any) -> Any:
-        from pymemcache.exceptions import MemcacheError
-
         try:
             return method(*args, **kwargs)
         except OSError as exc:
             raise BackendUnavailable(f"cannot reach the cache at {self.url}: {exc}") from exc
-        except MemcacheError as exc:
+        except self._failed as exc:
             raise BackendError(f"cache {self.url} failed while {action}: {exc}") from exc
 
     def get(self, key: str) -> int | None:
@@ -92,14 +95,12 @@ class MemcachedCache:
         return value
 
     def _incr(self, encoded: str, delta: int) -> int | None:
-        from pymemcache.exceptions import MemcacheClientError
-
         method = self._client.incr if delta >= 0 else self._client.decr
         for _ in range(_REWRITES):
             try:
                 value = method(encoded, abs(delta), noreply=False)
                 return None if value is None else int(value) - _BIAS
-            except MemcacheClientError as exc:
+            except self._refused as exc:
                 if _REFUSAL not in str(exc):
                     raise
             stored, token = self._client.gets(encoded)

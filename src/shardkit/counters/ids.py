@@ -29,7 +29,7 @@ from shardkit.errors import BackendError
 from shardkit.store.base import CounterInfo
 from shardkit.validation import check_block
 
-# Blocks whose key the cache lost at once, or refused to increment, before giving up.
+# Blocks whose key the cache lost at once, or failed to increment, before giving up.
 _ATTEMPTS = 5
 # How long a writer waits for the writer that claimed the next block to publish it,
 # before reserving one itself (that writer may have died).
@@ -65,9 +65,9 @@ class IdAllocator:
     def next(self) -> int:
         """A new id: one cache round trip, plus one store round trip per block used.
 
-        A block whose key the cache refuses to increment is left behind, as if lost (its
-        unused ids become a hole): memcached 1.6 now and then answers "non-numeric value"
-        for a key that holds a number, and keeps answering so for that key."""
+        A block whose key the cache fails to increment is left behind, as if lost (its
+        unused ids become a hole). (memcached's refusals of a key holding a number are
+        repaired by the cache itself; this is for a cache that gives up.)"""
         cache = self._settings.cache
         losses = refusals = 0
         while True:
