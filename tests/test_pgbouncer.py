@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
@@ -116,9 +117,7 @@ def _accounts(engine: sa.Engine, rows: int) -> sa.Table:
 
 
 @pytest.mark.parametrize("transactional", [True, False], ids=["transactional", "at-least-once"])
-def test_a_map_through_pgbouncer_visits_every_row(
-    kit: shardkit.Kit, transactional: bool
-) -> None:
+def test_a_map_through_pgbouncer_visits_every_row(kit: shardkit.Kit, transactional: bool) -> None:
     store = kit.store
     assert isinstance(store, SqlStore)
     table = _accounts(store.engine, 3000)
@@ -205,3 +204,4 @@ def test_the_django_app_through_pgbouncer(bouncer: str, tmp_path: Path) -> None:
                 f'DROP DATABASE IF EXISTS "test_shardkit_django_{test_run}" WITH (FORCE)'
             )
         engine.dispose()
+        Path(tempfile.gettempdir(), f"shardkit-django-{test_run}.sqlite3").unlink(missing_ok=True)
