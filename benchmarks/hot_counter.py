@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cache.split(":", 1)[0].lower() in REDIS_SCHEMES:
             client = _redis_client(args.cache)
             stack.callback(client.close)
-            stack.callback(forget_redis_keys, client, f"shardkit:{prefix}:", f"{prefix}incr")
+            stack.callback(forget_redis_keys, client, kit.namespace, f"{prefix}incr")
             runs["redis-incr"] = Mode(
                 redis_incr,
                 RedisTarget(args.cache, f"{prefix}incr"),

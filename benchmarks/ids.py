@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cache is not None:  # the allocator's keys are deleted at the end
             redis = _redis_client(args.cache)
             stack.callback(redis.close)
-            stack.callback(forget_redis_keys, redis, f"shardkit:{prefix}:")
+            stack.callback(forget_redis_keys, redis, kit.namespace)
         reports: dict[str, Reports] = {}
         for mode in ALLOCATOR_MODES:
             if mode not in modes:

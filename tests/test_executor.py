@@ -43,7 +43,10 @@ def namespace() -> str:
 
 def bound(cache: Cache, namespace: str, recorder: Recorder) -> LocalExecutor:
     executor = LocalExecutor(workers=2)
-    executor.bind({"a": recorder.task("a"), "b": recorder.task("b")}, Marks(cache, namespace))
+    executor.bind(
+        {"a": recorder.task("a"), "b": recorder.task("b")},
+        Marks(cache, lambda name: f"{namespace}task:{name}"),
+    )
     return executor
 
 
@@ -113,7 +116,10 @@ def test_a_failing_task_is_logged_and_the_executor_goes_on(
     def fail(args: Mapping[str, Any]) -> None:
         raise RuntimeError("boom")
 
-    executor.bind({"fail": fail, "a": recorder.task("a")}, Marks(cache, namespace))
+    executor.bind(
+        {"fail": fail, "a": recorder.task("a")},
+        Marks(cache, lambda name: f"{namespace}task:{name}"),
+    )
     with caplog.at_level(logging.ERROR, logger="shardkit"):
         executor.submit("fail", {})
         executor.submit("a", {})
@@ -170,7 +176,7 @@ class Tree:
 
     def run(self, executor: LocalExecutor, cache: Cache, namespace: str) -> None:
         self.executor = executor
-        executor.bind({"node": self}, Marks(cache, namespace))
+        executor.bind({"node": self}, Marks(cache, lambda name: f"{namespace}task:{name}"))
         with self._lock:
             self.waiting += 1
         executor.submit("node", {"path": "r"})
@@ -213,7 +219,7 @@ def test_tasks_from_outside_run_before_follow_ups(cache: Cache, namespace: str) 
         recorder.task("first")(args)
 
     tasks = {"first": first, "later": recorder.task("later"), "outside": recorder.task("outside")}
-    executor.bind(tasks, Marks(cache, namespace))
+    executor.bind(tasks, Marks(cache, lambda name: f"{namespace}task:{name}"))
     executor.submit("first", {})
     assert followed.wait(10)
     executor.submit("outside", {})

@@ -70,7 +70,7 @@ class Kit:
         # The counters opened lately, so that opening one again costs no round trip;
         # bounded, since applications open a counter per entity (poll, video, …).
         self._counters: OrderedDict[str, Counter] = OrderedDict()
-        executor.bind(self._tasks(), Marks(settings.cache, settings.namespace))
+        executor.bind(self._tasks(), Marks(settings.cache, lambda n: settings.cache_key(n, "task")))
 
     def _tasks(self) -> Mapping[str, Any]:
         """The background tasks counters submit to the executor, by name (JSON args)."""
@@ -100,6 +100,12 @@ class Kit:
     @property
     def cache(self) -> Cache:
         return self._settings.cache
+
+    @property
+    def namespace(self) -> str:
+        """The prefix of every key this kit puts in its cache: ``shardkit:`` and the store's
+        identity (see ``Store.identity``), so that stores sharing a cache never meet."""
+        return self._settings.namespace
 
     def __repr__(self) -> str:
         return f"<Kit store={self.store.url} cache={self.cache.url} executor={self.executor.url}>"
@@ -385,7 +391,7 @@ def connect(
         the_store.close()
         raise
     try:
-        the_cache.get(f"shardkit:{prefix}:ping")
+        the_cache.get(f"shardkit:{the_store.identity()}:ping")
     except BaseException:
         the_store.close()
         the_cache.close()
@@ -435,7 +441,6 @@ def build(
     settings = CounterSettings(
         store=store,
         cache=cache,
-        namespace=f"shardkit:{prefix}:",
         cache_ttl=cache_ttl,
         max_shards=max_shards,
         key_retention=key_retention,

@@ -6,6 +6,7 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from shardkit.cache.base import Cache
 from shardkit.errors import BackendError
@@ -20,14 +21,18 @@ class CounterSettings:
 
     store: Store
     cache: Cache
-    namespace: str
-    """Prefix of every cache key, so kits on different stores can share one cache."""
     cache_ttl: float = 5.0
     """Seconds a cached value may live: the bound on a cached read's staleness."""
     max_shards: int = 1000
     key_retention: float = 86400.0
     """Seconds an idempotency key is kept at least."""
     random: Callable[[], float] = field(default=random.random)
+
+    @cached_property
+    def namespace(self) -> str:
+        """Prefix of every cache key: the store's identity, so that stores sharing one
+        cache never meet in it. Read from the store on first use."""
+        return f"shardkit:{self.store.identity()}:"
 
     def cache_key(self, name: str, part: str) -> str:
         return f"{self.namespace}{part}:{name}"

@@ -23,18 +23,18 @@ message), or not at all (a process that dies with it queued)."""
 class Marks:
     """Deduplication marks: the first claim of a name within its window wins."""
 
-    def __init__(self, cache: Cache, namespace: str) -> None:
+    def __init__(self, cache: Cache, key: Callable[[str], str]) -> None:
         self.cache = cache
-        self._prefix = f"{namespace}task:"
+        self._key = key  # a claim's name -> its cache key
 
     def claim(self, name: str, ttl: float) -> bool:
         """Whether this call is the first to claim ``name`` in the last ``ttl`` seconds.
         Atomic across every process sharing the cache."""
-        return self.cache.add(self._prefix + name, 1, ttl)
+        return self.cache.add(self._key(name), 1, ttl)
 
     def release(self, name: str) -> None:
         """Drop a claim whose submission failed, so that the next one may run."""
-        self.cache.delete(self._prefix + name)
+        self.cache.delete(self._key(name))
 
 
 @runtime_checkable

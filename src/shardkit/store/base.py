@@ -48,6 +48,12 @@ class Store(Protocol):
     def create_schema(self) -> None:
         """Create the store's tables if missing. Idempotent, safe to race."""
 
+    def identity(self) -> str:
+        """This store's name for itself: made once, at random, and persisted in it, so it
+        is the same in every process and after restarts, and differs from every other
+        store's (another database, or another table prefix in the same one). Kits put
+        their cache keys under it, so stores sharing a cache never meet there."""
+
     def open_counter(self, name: str, kind: str, shards: int, *, grow: bool = True) -> CounterInfo:
         """Create counter ``name`` with ``shards`` shards, or, with ``grow``, raise an
         existing counter's shard count to ``shards``; never lower it.

@@ -14,6 +14,7 @@ import queue
 import random
 import re
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -249,7 +250,8 @@ class SqlStore:
 
     Tables are named ``{prefix}counters``, ``{prefix}shards``, ``{prefix}keys``,
     ``{prefix}flushed`` (what each cache generation of a buffered counter has flushed),
-    ``{prefix}maxima`` (the highest values persisted by monotonic counters), and the
+    ``{prefix}maxima`` (the highest values persisted by monotonic counters),
+    ``{prefix}identity`` (the store's identity, one row), and the
     mapper's ledger, ``{prefix}jobs`` and ``{prefix}ranges``.
     Thread-safe; fork-safe (a child opens its own connections). Writes without an
     idempotency key run on held autocommit connections (at most ``pool_size - 1`` held,
@@ -296,6 +298,12 @@ class SqlStore:
             sa.Column("up", sa.BigInteger, nullable=False),
             sa.Column("down", sa.BigInteger, nullable=False),
             sa.Column("created_at", sa.Double, nullable=False),
+        )
+        self.identity_table = sa.Table(
+            f"{prefix}identity",
+            metadata,
+            sa.Column("one", sa.Integer, primary_key=True, autoincrement=False),  # always 1
+            sa.Column("identity", sa.String(32), nullable=False),
         )
         self.maxima_table = sa.Table(
             f"{prefix}maxima",
@@ -345,6 +353,7 @@ class SqlStore:
         pool = engine.pool
         self._max_held = pool.size() - 1 if isinstance(pool, QueuePool) else 0
         self._held: queue.SimpleQueue[Connection] = queue.SimpleQueue()
+        self._identity: str | None = None
         if engine.dialect.driver == "psycopg" and not sa.event.contains(
             engine, "checkout", _detect_pooler
         ):
@@ -425,6 +434,21 @@ class SqlStore:
                 if column.name not in have and column.nullable:
                     definition = sa.schema.CreateColumn(column).compile(dialect=conn.dialect)
                     conn.exec_driver_sql(f"ALTER TABLE {name} ADD COLUMN {definition}")
+
+    def identity(self) -> str:
+        if self._identity is None:
+            table = self.identity_table
+            found = self.read("reading the store's identity", sa.select(table.c.identity))
+            if not found:  # a new store: the first to record its identity wins
+
+                def work(conn: Connection) -> Any:
+                    made = {"one": 1, "identity": uuid.uuid4().hex}
+                    self.dialect.insert_ignore(conn, table, made)
+                    return conn.execute(sa.select(table.c.identity)).all()
+
+                found = self.transaction("recording the store's identity", work)
+            self._identity = str(found[0].identity)
+        return self._identity
 
     # -- counters ----------------------------------------------------------------------
 
