@@ -3,6 +3,7 @@ each child opens its own connections, and never touches the parent's."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -16,7 +17,7 @@ import sqlalchemy as sa
 
 import shardkit
 import workers
-from conftest import CACHE_URLS, Target, require, store_url_for
+from conftest import CACHE_URLS, PREFIX, Target, require, store_url_for
 
 CHILDREN = 4
 WRITES = {"sqlite": 100, "postgres": 300, "mysql": 300}  # per process
@@ -135,3 +136,100 @@ def test_kit_opened_before_fork_keeps_working_in_children(
 
     with target.connect() as kit:
         assert kit.get(name).value(fresh=True) == expected
+
+
+def _live(cache_kind: str) -> Any:
+    """A live client of the test cache ``cache_kind``, as an application hands one in."""
+    url = CACHE_URLS[cache_kind]
+    if cache_kind == "redis":
+        import redis
+
+        return redis.Redis.from_url(url)
+    from pymemcache.client.base import PooledClient
+
+    return PooledClient(url.removeprefix("memcached://"), connect_timeout=10, timeout=10)
+
+
+def _every_kind(kit: shardkit.Kit, name: str, count: int) -> dict[str, list[int]]:
+    """``count`` writes to each kind of counter ``name:*``: the monotonic values and ids
+    handed out."""
+    sharded = kit.sharded(f"{name}:sharded")
+    buffered = kit.buffered(f"{name}:buffered", interval=0.2)
+    monotonic = kit.monotonic(f"{name}:monotonic", chance_to_write=0.5)
+    ids = kit.ids(f"{name}:ids", block=16)
+    handed: dict[str, list[int]] = {"monotonic": [], "ids": []}
+    for _ in range(count):
+        assert sharded.incr() is True
+        buffered.incr()
+        handed["monotonic"].append(monotonic.incr())
+        handed["ids"].append(ids.next())
+    return handed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("store_kind", "cache_kind", "live"),
+    [
+        ("sqlite", "memory", False),
+        ("postgres", "memory", True),
+        ("postgres", "redis", False),
+        ("postgres", "redis", True),
+        ("mysql", "memcached", False),
+        ("postgres", "memcached", True),
+    ],
+    ids=lambda kind: str(kind),
+)
+def test_every_kind_keeps_its_promise_across_fork(
+    store_kind: str, cache_kind: str, live: bool, sqlite_url: str, name: str, tmp_path: Path
+) -> None:
+    """Children of a kit (URLs, or a live engine and client) count on every kind and close
+    their kits while the parent counts on, before and after: nothing lost, nothing handed
+    out twice."""
+    store_url = store_url_for(store_kind, sqlite_url)
+    cache_url = CACHE_URLS[cache_kind]
+    if cache_url != "memory://":
+        require(cache_url)
+    store: Any = sa.create_engine(store_url) if live else store_url
+    cache: Any = _live(cache_kind) if live and cache_kind != "memory" else cache_url
+    count = 150
+    with shardkit.connect(store, cache, prefix=PREFIX) as kit:
+        handed = [_every_kind(kit, name, 10)]  # connections open and pooled before forking
+        pids = []
+        for slot in range(CHILDREN):
+            pid = os.fork()
+            if pid == 0:  # the child: never return into pytest
+                code = 1
+                try:
+                    report = json.dumps(_every_kind(kit, name, count))
+                    kit.close()
+                    code = 0
+                except BaseException:
+                    report = traceback.format_exc()
+                finally:
+                    (tmp_path / f"child-{slot}").write_text(report)
+                    os._exit(code)
+            pids.append(pid)
+        try:
+            handed.append(_every_kind(kit, name, count))  # the parent counts meanwhile
+        finally:
+            codes = [_wait_exit(pid) for pid in pids]
+        reports = [(tmp_path / f"child-{slot}").read_text() for slot in range(CHILDREN)]
+        assert codes == [0] * CHILDREN, "\n".join(reports)
+        handed += [json.loads(report) for report in reports]
+        handed.append(_every_kind(kit, name, 10))  # after the children closed their kits
+        kit.flush_all()
+
+        total = 20 + (CHILDREN + 1) * count
+        assert kit.sharded(f"{name}:sharded").value(fresh=True) == total
+        assert kit.buffered(f"{name}:buffered").parts() == shardkit.Parts(total, 0)
+        ids = [i for one in handed for i in one["ids"]]
+        assert len(set(ids)) == len(ids) == total
+        for one in handed:  # within a process, monotonic values grow
+            assert one["monotonic"] == sorted(set(one["monotonic"]))
+        if kit.cache.shared:  # and one cache hands each value out once
+            values = [v for one in handed for v in one["monotonic"]]
+            assert sorted(values) == list(range(1, total + 1))
+    if live:
+        store.dispose()
+        if cache_kind != "memory":
+            cache.close()

@@ -31,7 +31,8 @@ def _encode_key(key: str) -> str:
 class MemcachedCache:
     """memcached as the shared cache. Every call is one round trip and atomic on the
     server (``add``, ``incr``/``decr``, ``get_multi``). Thread-safe (a pooled client);
-    a forked child opens its own sockets when the cache was opened by URL."""
+    a forked child opens its own sockets (a live client handed in is closed in the child,
+    and reconnects on its next use there, the application's own calls included)."""
 
     shared = True
 
@@ -59,6 +60,10 @@ class MemcachedCache:
             # The parent's sockets are dropped unused; closing them would not hurt the
             # parent (memcached has no session), but nothing may be sent on them.
             self._client = _pooled_client(self._servers)
+        else:
+            # A live client: closing closes the child's descriptors of the parent's
+            # sockets and sends nothing on them; the client opens its own on next use.
+            self._client.close()
 
     def _call(self, action: str, method: Any, *args: Any, **kwargs: Any) -> Any:
         try:

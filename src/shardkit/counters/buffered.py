@@ -84,7 +84,9 @@ class BufferedCounter:
         self._executor = executor
         self._pointer_key = settings.cache_key(self.name, "buffered:generation")
         self._writing: tuple[int, tuple[str, str]] | None = None  # generation, its keys
-        self._started: list[int] = []  # generations this object started
+        # Generations this object started, with the process that started each: a forked
+        # child's copy must never retire its parent's live generation.
+        self._started: list[tuple[int, int]] = []  # (pid, generation)
         self._scheduled: tuple[int, int] | None = None  # (pid, interval number)
 
     def __repr__(self) -> str:
@@ -146,14 +148,14 @@ class BufferedCounter:
         if replacing is not None:
             cache.delete(self._pointer_key)
         if cache.add(self._pointer_key, generation, None):
-            self._started.append(generation)
+            self._started.append((os.getpid(), generation))
             return generation
         # Another writer started one first. Nobody else knows ours, so it took nothing:
         # drop its keys and write into the winner's. (Racing replacers may still leave two
         # live generations; both are flushed, so that costs only a row.)
         winner = cache.get(self._pointer_key)
         if winner is None:
-            self._started.append(generation)
+            self._started.append((os.getpid(), generation))
             return generation
         for key in keys:
             cache.delete(key)
@@ -194,15 +196,18 @@ class BufferedCounter:
         return flush_counters(self._settings, [self.name]).get(self.name, 0)
 
     def _retire(self) -> None:
-        """Flush, then fold the generations this object started into the store's
+        """Flush, then fold the generations this process started into the store's
         ``RETIRED`` generation, so that a private (per-process) cache does not leave a
         generation row per process behind. Only for a cache nobody else writes to, once
         nothing else in the process flushes: ``Kit.close()`` calls it after closing the
-        executor."""
+        executor. (A generation started before a fork is the parent's: a child leaves it.)"""
         settings = self._settings
         flush_counters(settings, [self.name])
         recorded = settings.store.generations([self.name]).get(self.name, {})
-        for generation in self._started:
+        pid = os.getpid()
+        for started_by, generation in self._started:
+            if started_by != pid:
+                continue
             if generation in recorded:
                 settings.store.retire(self.name, generation, recorded[generation])
             for key in self._keys(generation):
