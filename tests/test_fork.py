@@ -3,6 +3,7 @@ each child opens its own connections, and never touches the parent's."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import random
@@ -233,3 +234,26 @@ def test_every_kind_keeps_its_promise_across_fork(
         store.dispose()
         if cache_kind != "memory":
             cache.close()
+
+
+def test_kits_opened_and_closed_for_weeks_leave_no_fork_or_exit_hooks(sqlite_url: str) -> None:
+    """One at-fork and one at-exit hook serve every live object, weakly held: a closed
+    kit leaves nothing registered, and fork does not slow down as kits come and go."""
+    from shardkit import _fork
+    from shardkit.executor import local
+
+    def registered() -> tuple[int, int]:
+        gc.collect()
+        return len(_fork._OWNERS), len(local._OPEN)
+
+    before = registered()
+    for _ in range(300):
+        shardkit.connect(sqlite_url, "memory://", prefix=PREFIX).close()
+    after = registered()
+    assert after[0] <= before[0]
+    assert after[1] <= before[1]
+    with shardkit.connect(sqlite_url, "memory://", prefix=PREFIX) as kit:
+        assert kit.store in _fork._OWNERS
+        assert kit.cache in _fork._OWNERS
+        assert kit.executor in _fork._OWNERS
+        assert kit.executor in local._OPEN

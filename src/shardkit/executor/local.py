@@ -48,7 +48,7 @@ class LocalExecutor:
         self._marks: Marks | None = None
         self._reset()
         reset_in_child(self, LocalExecutor._reset)
-        atexit.register(_close_at_exit, weakref.ref(self))
+        _OPEN.add(self)
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
@@ -162,7 +162,12 @@ class LocalExecutor:
                 thread.join()
 
 
-def _close_at_exit(ref: weakref.ref[LocalExecutor]) -> None:
-    executor = ref()
-    if executor is not None:
+# The executors alive in this process, closed at interpreter exit by one hook (weakly
+# held: an executor that is gone needs nothing, and leaves nothing registered).
+_OPEN: weakref.WeakSet[LocalExecutor] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    for executor in list(_OPEN):
         executor.close()
