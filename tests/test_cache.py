@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from pymemcache.exceptions import MemcacheClientError
 
-from conftest import CACHE_URLS, require, run_together
-from shardkit.cache import Cache, open_cache
+from conftest import CACHE_URLS, require, run_together, wait_for
+from shardkit.cache import Cache, MemoryCache, open_cache
 from shardkit.errors import BackendError
 from shardkit.validation import INT64_MAX, INT64_MIN
 
@@ -189,3 +189,35 @@ def test_a_value_that_is_not_a_number_is_a_backend_error(kind: str, key: str) ->
         with pytest.raises(BackendError):
             call(key)
     cache.close()
+
+
+# -- the in-process cache in a long-running process ----------------------------------------
+
+
+def test_the_memory_cache_drops_expired_keys_nobody_reads_again() -> None:
+    cache = MemoryCache()
+    for i in range(1000):  # such as one flush mark per buffered counter per interval
+        cache.add(f"mark:{i}", 1, 0.01)
+    cache.bump("generation", 1)  # no TTL: stays
+    assert cache.size() == 1001
+
+    def swept() -> bool:
+        cache.add("tick", 1, None)  # adds sweep what has expired
+        return cache.size() == 2
+
+    wait_for(swept, "the expired marks to be dropped", status=lambda: cache.size())
+    assert cache.get("generation") == 1
+
+
+def test_the_memory_cache_evicts_the_least_recently_used_past_its_bound() -> None:
+    cache = MemoryCache(max_keys=100)
+    for i in range(100):
+        cache.add(f"k{i}", i, None)
+    assert cache.get("k0") == 0  # used lately: kept
+    for i in range(100, 150):
+        cache.bump(f"k{i}", i)
+    assert cache.size() == 100
+    assert cache.get("k0") == 0
+    assert cache.get_many([f"k{i}" for i in range(1, 51)]) == {}  # the least recently used
+    assert cache.get("k51") == 51
+    assert cache.get("k149") == 149

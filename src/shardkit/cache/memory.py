@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 import threading
 import time
@@ -15,14 +16,22 @@ class MemoryCache:
 
     Thread-safe and atomic within one process; each process has its own contents (a
     forked child starts empty), so it is a cache for one process, not a shared one.
+
+    Bounded for processes that run for weeks: expired keys are dropped as time passes,
+    whether or not anything reads them again (each add sweeps what has expired, oldest
+    first: O(log n) a key), and past ``max_keys`` keys the least recently used one is
+    evicted — a loss that every counter tolerates, as it tolerates a shared cache's
+    evictions.
     """
 
     url = "memory://"
     shared = False
 
-    def __init__(self) -> None:
+    def __init__(self, max_keys: int = 1_000_000) -> None:
+        self.max_keys = max_keys
         self._lock = threading.Lock()
-        self._data: dict[str, tuple[int, float]] = {}
+        self._data: dict[str, tuple[int, float]] = {}  # least recently used first
+        self._expiries: list[tuple[float, str]] = []  # a heap of the keys with a TTL
         reset_in_child(self, MemoryCache._after_fork)
 
     def _after_fork(self) -> None:
@@ -31,13 +40,38 @@ class MemoryCache:
         # the parent's keys would make two diverging histories of one buffered counter.
         self._lock = threading.Lock()
         self._data = {}
+        self._expiries = []
+
+    def size(self) -> int:
+        """How many keys it holds (expired ones not swept yet included)."""
+        return len(self._data)
 
     def _live(self, key: str, now: float) -> tuple[int, float] | None:
-        entry = self._data.get(key)
-        if entry is not None and entry[1] <= now:
-            del self._data[key]
+        """The entry under ``key`` unless it has expired (then dropped); it becomes the
+        most recently used."""
+        entry = self._data.pop(key, None)
+        if entry is None or entry[1] <= now:
             return None
+        self._data[key] = entry
         return entry
+
+    def _sweep(self, now: float) -> None:
+        """Drop the keys that have expired, oldest first."""
+        expiries = self._expiries
+        while expiries and expiries[0][0] <= now:
+            when, old = heapq.heappop(expiries)
+            entry = self._data.get(old)
+            if entry is not None and entry[1] == when:  # not set again since
+                del self._data[old]
+
+    def _store(self, key: str, value: int, expires: float) -> None:
+        """Set ``key`` (as the most recently used); past ``max_keys``, drop the least
+        recently used keys."""
+        self._data[key] = (value, expires)
+        if expires != math.inf:
+            heapq.heappush(self._expiries, (expires, key))
+        while len(self._data) > self.max_keys:
+            del self._data[next(iter(self._data))]
 
     def get(self, key: str) -> int | None:
         with self._lock:
@@ -53,9 +87,10 @@ class MemoryCache:
     def add(self, key: str, value: int, ttl: float | None) -> bool:
         now = time.monotonic()
         with self._lock:
+            self._sweep(now)
             if self._live(key, now) is not None:
                 return False
-            self._data[key] = (value, math.inf if ttl is None else now + ttl)
+            self._store(key, value, math.inf if ttl is None else now + ttl)
             return True
 
     def incr(self, key: str, delta: int) -> int | None:
@@ -63,15 +98,19 @@ class MemoryCache:
             entry = self._live(key, time.monotonic())
             if entry is None:
                 return None
-            self._data[key] = (entry[0] + delta, entry[1])
+            self._data[key] = (entry[0] + delta, entry[1])  # its TTL, already in the heap
             return entry[0] + delta
 
     def bump(self, key: str, delta: int) -> int:
+        now = time.monotonic()
         with self._lock:
-            entry = self._live(key, time.monotonic())
-            value, expires = entry if entry is not None else (0, math.inf)
-            self._data[key] = (value + delta, expires)
-            return value + delta
+            entry = self._live(key, now)
+            if entry is not None:
+                self._data[key] = (entry[0] + delta, entry[1])
+                return entry[0] + delta
+            self._sweep(now)
+            self._store(key, delta, math.inf)
+            return delta
 
     def delete(self, key: str) -> None:
         with self._lock:
@@ -80,3 +119,4 @@ class MemoryCache:
     def close(self) -> None:
         with self._lock:
             self._data.clear()
+            self._expiries.clear()
