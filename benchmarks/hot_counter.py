@@ -336,12 +336,13 @@ def main(argv: list[str] | None = None) -> int:
             store_url = f"sqlite:///{scratch / 'bench.db'}"
         reports = scratch / "store-writes"
         reports.mkdir()
-        kit = stack.enter_context(shardkit.connect(store_url, args.cache, prefix=prefix))
+        kit = shardkit.connect(store_url, args.cache, prefix=prefix)
         store = kit.store
         assert isinstance(store, SqlStore)
         engine = engine_from_url(store_url)
         stack.callback(engine.dispose)
         stack.callback(store.metadata.drop_all, engine)
+        stack.callback(kit.close)  # first: it saves what it holds into the tables
         md = sa.MetaData()
         naive = naive_table(f"{prefix}naive", md)
         shard = sa.Table(  # the shape of shardkit's shard table
