@@ -21,7 +21,7 @@ from shardkit.contrib.django import CountingQuerySet, NotACountingUpdate, Sharde
 from shardkit.contrib.django.counts import check_managers
 from shardkit.contrib.django.store import DjangoStore
 from shardkit.errors import InvalidDelta
-from tests.conftest import HeldExecutor
+from tests.conftest import HeldExecutor, statements_run
 from videos.models import Video
 
 pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
@@ -156,6 +156,20 @@ def test_with_counts_reads_a_page_of_counts_in_one_store_query(database: str) ->
     both = list(Video.objects.with_counts().order_by("title"))
     assert [int(video.likes) for video in both] == [2 * i for i in range(12)]
     assert [str(video.views) for video in both] == [str(i) for i in range(12)]
+
+
+def test_a_read_of_counts_is_one_statement_on_djangos_connection(database: str) -> None:
+    videos = [Video.objects.create(title=f"v{i}") for i in range(3)]
+    for i, video in enumerate(videos):
+        video.views.incr(i)
+    with statements_run(database) as ran:  # outside a transaction: no BEGIN, no ROLLBACK
+        page = list(Video.objects.with_counts("views").order_by("pk"))
+    assert ran == ["SELECT", "SELECT"]  # the page, then its counts
+    assert [video.views.value() for video in page] == [0, 1, 2]
+    with statements_run(database) as ran, transaction.atomic(using=database):
+        videos[0].views.incr(5)
+        assert views(videos[0]) == 5  # read in the caller's transaction, no savepoint
+    assert ran == ["BEGIN", "INSERT", "SELECT", "COMMIT"]
 
 
 def test_templates_and_the_admin_show_counts(database: str, admin_client: Client) -> None:
