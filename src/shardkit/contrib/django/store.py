@@ -148,7 +148,8 @@ class DjangoStore(SqlStore):
 
     def read(self, action: str, statement: sa.Executable, *, autocommit: bool = False) -> list[Any]:
         """Run a query as one statement, outside any atomic block of the store's own:
-        no BEGIN/ROLLBACK around it outside a transaction, no savepoint inside one (on
+        no BEGIN/ROLLBACK around it outside a transaction, no savepoint inside one, so
+        there it fails the caller's transaction if it fails, as an ORM query would (on
         Django's connection, AUTOCOMMIT is a flag of the stand-in, free to set)."""
         return super().read(action, statement, autocommit=True)
 
