@@ -21,7 +21,7 @@ from shardkit.contrib.django import CountingQuerySet, NotACountingUpdate, Sharde
 from shardkit.contrib.django.counts import check_managers
 from shardkit.contrib.django.store import DjangoStore
 from shardkit.errors import InvalidDelta
-from tests.conftest import HeldExecutor
+from tests.conftest import HeldExecutor, statements_run
 from videos.models import Video
 
 pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
@@ -106,8 +106,14 @@ def test_counts_live_in_the_kits_database_only(database: str) -> None:
 
 
 @pytest.mark.slow
-def test_counting_updates_from_many_threads_are_exact(database: str) -> None:
-    videos = [Video.objects.create(title=f"v{i}") for i in range(3)]
+def test_counting_updates_from_many_threads_sharing_shard_rows_are_exact(
+    database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One shard per count: every write of a video's count is on one row, which the
+    # threads write at once (an upsert that read and then wrote would lose increments).
+    monkeypatch.setattr(Video.views, "shards", 1)
+    videos = [Video.objects.create(title=f"v{i}") for i in range(2)]
+    pks = [video.pk for video in videos]
     threads, rounds = 8, 25
     start = threading.Barrier(threads)
     errors: list[BaseException] = []
@@ -119,6 +125,8 @@ def test_counting_updates_from_many_threads_are_exact(database: str) -> None:
                 video = videos[(index + turn) % len(videos)]
                 if turn % 5 == 4:
                     video.views.incr(2)  # through the counter, outside an update
+                elif turn % 5 == 3:  # both rows, in one transaction, in key order
+                    Video.objects.filter(pk__in=pks).update(views=F("views") + 1)
                 else:
                     Video.objects.filter(pk=video.pk).update(views=F("views") + 1)
         except BaseException as exc:
@@ -132,12 +140,17 @@ def test_counting_updates_from_many_threads_are_exact(database: str) -> None:
     for worker in workers:
         worker.join()
     assert not errors, errors
-    # Each thread: 20 updates of +1 and 5 increments of +2.
-    assert sum(views(video) for video in videos) == threads * (20 + 5 * 2)
+    infos = [kit().store.counter(video.views.counter.name) for video in videos]
+    assert [info and info.shards for info in infos] == [1, 1]
     expected = [0] * len(videos)
     for index in range(threads):
         for turn in range(rounds):
-            expected[(index + turn) % len(videos)] += 2 if turn % 5 == 4 else 1
+            if turn % 5 == 3:
+                expected = [total + 1 for total in expected]
+            else:
+                expected[(index + turn) % len(videos)] += 2 if turn % 5 == 4 else 1
+    # Each thread: 15 updates of +1, 5 of +1 on both, 5 increments of +2.
+    assert sum(expected) == threads * (15 + 5 * 2 + 5 * 2)
     assert [views(video) for video in videos] == expected
 
 
@@ -156,6 +169,20 @@ def test_with_counts_reads_a_page_of_counts_in_one_store_query(database: str) ->
     both = list(Video.objects.with_counts().order_by("title"))
     assert [int(video.likes) for video in both] == [2 * i for i in range(12)]
     assert [str(video.views) for video in both] == [str(i) for i in range(12)]
+
+
+def test_a_read_of_counts_is_one_statement_on_djangos_connection(database: str) -> None:
+    videos = [Video.objects.create(title=f"v{i}") for i in range(3)]
+    for i, video in enumerate(videos):
+        video.views.incr(i)
+    with statements_run(database) as ran:  # outside a transaction: no BEGIN, no ROLLBACK
+        page = list(Video.objects.with_counts("views").order_by("pk"))
+    assert ran == ["SELECT", "SELECT"]  # the page, then its counts
+    assert [video.views.value() for video in page] == [0, 1, 2]
+    with statements_run(database) as ran, transaction.atomic(using=database):
+        videos[0].views.incr(5)
+        assert views(videos[0]) == 5  # read in the caller's transaction, no savepoint
+    assert ran == ["BEGIN", "INSERT", "SELECT", "COMMIT"]
 
 
 def test_templates_and_the_admin_show_counts(database: str, admin_client: Client) -> None:

@@ -5,13 +5,16 @@ from __future__ import annotations
 from django.apps import AppConfig
 from django.core import checks
 from django.core.signals import setting_changed
+from django.db.models.signals import post_migrate
 
 
 class ShardkitConfig(AppConfig):
     """Builds the kit from ``settings.SHARDKIT`` when Django is ready (reaching no
     server), and again whenever a test overrides that setting; checks that models with
     counts have a counting manager (``shardkit.E001``). Its migrations create shardkit's
-    tables in the database ``SHARDKIT['STORE']``."""
+    tables in the database ``SHARDKIT['STORE']``, and every ``migrate`` creates those
+    of them that are missing (a changed prefix, a table new in this version); the
+    check ``shardkit.W001`` names missing tables (see ``schema``)."""
 
     name = "shardkit.contrib.django"
     label = "shardkit"
@@ -20,7 +23,12 @@ class ShardkitConfig(AppConfig):
     def ready(self) -> None:
         from .conf import configure, reconfigure
         from .counts import check_managers
+        from .schema import check_tables, create_missing_tables
 
         configure()
         setting_changed.connect(reconfigure, dispatch_uid="shardkit.reconfigure")
+        post_migrate.connect(
+            create_missing_tables, sender=self, dispatch_uid="shardkit.create_missing_tables"
+        )
         checks.register(check_managers, checks.Tags.models)
+        checks.register(check_tables, checks.Tags.database)

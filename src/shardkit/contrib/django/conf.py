@@ -7,7 +7,7 @@
         "CACHE": "redis://localhost:6379/0",  # a cache URL or a live client; memory://
         "EXECUTOR": None,               # None (threads of this process), a Celery app, an
                                         # Executor, or the import path of either
-        "PREFIX": "shardkit_",          # table names (fixed once migrated)
+        "PREFIX": "shardkit_",          # table names (migrate creates them anew if changed)
         "SECRET": None,                 # signs mapping closures ($SHARDKIT_SECRET)
         "CACHE_TTL": 5.0, "MAX_SHARDS": 1000, "KEY_RETENTION": 86400.0,
     }
@@ -64,9 +64,14 @@ def options() -> dict[str, Any]:
     return {**_DEFAULTS, **given}
 
 
+def store_on(alias: str) -> DjangoStore:
+    """A store on database ``alias`` with the configured prefix (its tables' names)."""
+    return DjangoStore(alias, prefix=options()["PREFIX"])
+
+
 def migration_store(schema_editor: Any) -> DjangoStore:
     """The store on the database a migration runs on, with the configured prefix."""
-    return DjangoStore(schema_editor.connection.alias, prefix=options()["PREFIX"])
+    return store_on(schema_editor.connection.alias)
 
 
 def _executor(value: Any) -> Executor | None:
@@ -158,4 +163,4 @@ def reconfigure(*, setting: str, **kwargs: Any) -> None:
         configure()
 
 
-__all__ = ["configure", "database", "kit", "migration_store", "options"]
+__all__ = ["configure", "database", "kit", "migration_store", "options", "store_on"]

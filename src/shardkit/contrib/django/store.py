@@ -133,8 +133,9 @@ def django_engine(alias: str) -> sa.Engine:
 class DjangoStore(SqlStore):
     """The SQL store on Django's database ``alias``. Its tables come from the app's
     migrations (``manage.py migrate shardkit``). A transaction of the store is a Django
-    atomic block; a shard write without an idempotency key is one statement on Django's
-    cursor: part of the caller's transaction if one is open, committed at once if not."""
+    atomic block; a read, and a shard write without an idempotency key, is one statement
+    on Django's connection: part of the caller's transaction if one is open, on its own
+    (autocommitted) if not."""
 
     def __init__(self, alias: str, *, prefix: str = "shardkit_") -> None:
         super().__init__(django_engine(alias), prefix=prefix)
@@ -144,6 +145,13 @@ class DjangoStore(SqlStore):
         # every backend.
         named = cast(Any, type(self.engine.dialect))(paramstyle="pyformat")
         self._add_sql = self._upsert_add.compile(dialect=named).string
+
+    def read(self, action: str, statement: sa.Executable, *, autocommit: bool = False) -> list[Any]:
+        """Run a query as one statement, outside any atomic block of the store's own:
+        no BEGIN/ROLLBACK around it outside a transaction, no savepoint inside one, so
+        there it fails the caller's transaction if it fails, as an ORM query would (on
+        Django's connection, AUTOCOMMIT is a flag of the stand-in, free to set)."""
+        return super().read(action, statement, autocommit=True)
 
     def _fast(self, params: Mapping[str, Any]) -> None:
         try:

@@ -11,8 +11,7 @@ from shardkit.contrib.django.conf import migration_store
 
 
 def create_tables(apps: Any, schema_editor: Any) -> None:
-    store = migration_store(schema_editor)
-    store.metadata.create_all(store.engine)
+    migration_store(schema_editor).create_schema()
 
 
 def drop_tables(apps: Any, schema_editor: Any) -> None:
