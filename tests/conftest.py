@@ -1,8 +1,10 @@
 """Backends for the tests: real services, reached over real connections.
 
 A service-backed test skips with the reason when its service is unreachable, and fails
-instead when CI=true. Every test session gets its own table prefix, cache namespace and
-Redis database, so runs never touch each other's data; its tables are dropped at the end.
+instead when CI=true. Every URL comes from a SHARDKIT_TEST_* variable (the README lists
+them). Every test session gets its own table prefix and cache namespace, so runs never
+touch each other's data, and uses only the Redis databases the README gives the tests;
+its tables are dropped at the end.
 """
 
 from __future__ import annotations
