@@ -1,6 +1,8 @@
 """What a fresh install gets: each extra, installed alone from the working tree into a
 clean virtual environment (no test dependencies in it), runs its README example there
-against the real services (the scripts are in ``readme_examples/``).
+against the real services (the scripts are in ``readme_examples/``). And what keeps a
+fresh clone green when a dependency makes a new release: CI's pins cover everything the
+tests install, and a dependency's own deprecation warnings do not fail the tests.
 
 shardkit's wheel is built once per session, as ``pip install <repo>`` builds it, and each
 extra's environment is made once per session; pip takes the packages from its cache and
@@ -17,12 +19,16 @@ import signal
 import subprocess
 import sys
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from conftest import CACHE_URLS, CELERY_BROKERS, PREFIX, require, require_broker, store_url_for
 
@@ -194,3 +200,50 @@ def test_the_celery_extra_alone_runs_the_readme_map_on_a_real_worker(
     mapped = json.loads(done.splitlines()[-1])
     assert mapped["balances"] == {"10": ROWS}
     assert mapped["audit"] == [[mapped["job"], ROWS]]
+
+
+def _required(requirement: Requirement, seen: set[tuple[str, frozenset[str]]]) -> None:
+    """Add to ``seen`` the distribution ``requirement`` names, with its extras, and,
+    recursively, what its installed metadata requires on this interpreter."""
+    key = (canonicalize_name(requirement.name), frozenset(requirement.extras))
+    if key in seen:
+        return
+    seen.add(key)
+    for text in metadata.requires(requirement.name) or []:
+        required = Requirement(text)
+        marker = required.marker
+        if marker is None or any(marker.evaluate({"extra": e}) for e in {"", *key[1]}):
+            _required(required, seen)
+
+
+def test_ci_pins_every_distribution_the_tests_install() -> None:
+    pins = {}
+    for line in (REPO / ".ci" / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            pins[canonicalize_name(name)] = version
+    seen: set[tuple[str, frozenset[str]]] = set()
+    _required(Requirement("shardkit[test]"), seen)  # as installed by `pip install -e .[test]`
+    installed = {name for name, _ in seen} - {"shardkit"}
+    assert sorted(installed - set(pins)) == []
+    assert all(pins.values())  # exact versions
+    assert "shardkit" not in pins  # the editable project cannot be constrained
+    assert {"psycopg", "cryptography", "packaging", "redis", "kombu", "pytest"} <= installed
+
+
+def test_a_dependencys_own_deprecation_is_shown_and_one_caused_here_is_an_error() -> None:
+    """pyproject's warning filters (in force in every test): a deprecation warning a
+    dependency raises in its own code is shown; one attributed to shardkit's code or a
+    test's (as a deprecated function's warning is to its caller) is an error, and so is
+    any other warning."""
+    deprecations = [DeprecationWarning, PendingDeprecationWarning]
+    with warnings.catch_warnings(record=True) as shown:
+        for category, module in zip(deprecations, ["kombu.utils", "django.db"], strict=True):
+            warnings.warn_explicit("old", category, f"{module}.py", 1, module=module)
+    assert [warning.category for warning in shown] == deprecations
+    for module in ("shardkit", "shardkit.kit", "test_install", "conftest", "tests.test_django"):
+        for category in deprecations:
+            with pytest.raises(category):
+                warnings.warn_explicit("old", category, f"{module}.py", 1, module=module)
+    with pytest.raises(UserWarning):
+        warnings.warn_explicit("odd", UserWarning, "kombu/x.py", 1, module="kombu.x")
