@@ -21,7 +21,6 @@ import sys
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -105,11 +104,12 @@ def environ(venv: Path, **variables: str) -> dict[str, str]:
     }
 
 
-def run_json(venv: Path, script: str, *args: str, cwd: Path, **variables: str) -> Any:
-    """Run ``script`` (in ``cwd``) with ``venv``'s Python; the JSON it printed last."""
-    out = _run(
-        [str(venv / "bin" / "python"), script, *args], cwd=cwd, env=environ(venv, **variables)
-    )
+def run_json(
+    venv: Path, script: str, *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> Any:
+    """Run ``script`` (in ``cwd``) with ``venv``'s Python (in ``environ(venv)`` unless
+    given ``env``); the JSON it printed last."""
+    out = _run([str(venv / "bin" / "python"), script, *args], cwd=cwd, env=env or environ(venv))
     return json.loads(out.splitlines()[-1])
 
 
@@ -141,16 +141,14 @@ def test_each_driver_extra_alone_runs_the_readme_counters(
 
 @pytest.mark.slow
 def test_the_django_extra_alone_migrates_and_counts_updates(venv: Venv, tmp_path: Path) -> None:
-    site = project("django_project", tmp_path)
-    python = str(venv("django") / "bin" / "python")
-    _run(
-        [python, "manage.py", "migrate", "--verbosity", "0"], cwd=site, env=environ(venv("django"))
-    )
-    counted = run_json(venv("django"), "counting.py", cwd=site)
+    site, django = project("django_project", tmp_path), venv("django")
+    python = str(django / "bin" / "python")
+    _run([python, "manage.py", "migrate", "--verbosity", "0"], cwd=site, env=environ(django))
+    counted = run_json(django, "counting.py", cwd=site)
     assert counted == {"views": 2, "likes": 4, "page": [["counted", 2]]}
 
 
-@contextmanager
+@contextlib.contextmanager
 def celery_worker(venv: Path, cwd: Path, env: dict[str, str], log: Path) -> Iterator[None]:
     """``celery -A proj worker`` of ``venv`` on the environment's queue, in a session of
     its own; stopped (warm shutdown, then SIGKILL of the session) at the end."""
@@ -164,13 +162,12 @@ def celery_worker(venv: Path, cwd: Path, env: dict[str, str], log: Path) -> Iter
     try:
         yield
     finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
+        worker.send_signal(signal.SIGTERM)  # warm shutdown
+        with contextlib.suppress(subprocess.TimeoutExpired):
             worker.wait(DEADLINE)
-        finally:
-            with contextlib.suppress(ProcessLookupError):  # its pool, or itself if it hangs
-                os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait()
+        with contextlib.suppress(ProcessLookupError):  # its pool, or itself if it hung
+            os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
 
 
 @pytest.mark.slow
@@ -179,25 +176,20 @@ def test_the_celery_extra_alone_runs_the_readme_map_on_a_real_worker(
     broker: str, venv: Venv, tmp_path: Path
 ) -> None:
     require_broker(CELERY_BROKERS[broker])
-    proj = project("celery_project", tmp_path)
+    proj, celery = project("celery_project", tmp_path), venv("celery")
     env = environ(
-        venv("celery"),
+        celery,
         README_BROKER=CELERY_BROKERS[broker],
         README_STORE=f"sqlite:///{tmp_path / 'app.db'}",
         README_QUEUE=f"shardkit-readme-{uuid.uuid4().hex[:12]}",
     )
     log = tmp_path / "worker.log"
     try:
-        with celery_worker(venv("celery"), proj, env, log):
-            done = _run(
-                [str(venv("celery") / "bin" / "python"), "mapping.py", str(ROWS), str(DEADLINE)],
-                cwd=proj,
-                env=env,
-            )
+        with celery_worker(celery, proj, env, log):
+            mapped = run_json(celery, "mapping.py", str(ROWS), str(DEADLINE), cwd=proj, env=env)
     except BaseException:
         print(f"--- worker ---\n{log.read_text(errors='replace')[-5000:]}")
         raise
-    mapped = json.loads(done.splitlines()[-1])
     assert mapped["balances"] == {"10": ROWS}
     assert mapped["audit"] == [[mapped["job"], ROWS]]
 
