@@ -1,8 +1,10 @@
 """Backends for the tests: real services, reached over real connections.
 
 A service-backed test skips with the reason when its service is unreachable, and fails
-instead when CI=true. Every test session gets its own table prefix, cache namespace and
-Redis database, so runs never touch each other's data; its tables are dropped at the end.
+instead when CI=true. Every URL comes from a SHARDKIT_TEST_* variable (the README lists
+them). Every test session gets its own table prefix and cache namespace, so runs never
+touch each other's data, and uses only the Redis databases the README gives the tests;
+its tables are dropped at the end.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import sqlalchemy as sa
@@ -36,10 +39,28 @@ STORE_URLS = {
     ),
     "mysql": os.environ.get("SHARDKIT_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test"),
 }
+REDIS = os.environ.get("SHARDKIT_TEST_REDIS", "redis://127.0.0.1:6379/13")
+# The databases of REDIS's server that the README gives to the tests (and benchmarks).
+REDIS_DATABASES = range(8, 15)
+
+
+def redis_database(number: int) -> str:
+    """The URL of database ``number`` on the tests' Redis server (SHARDKIT_TEST_REDIS's),
+    which must be one of the tests' own (REDIS_DATABASES)."""
+    if number not in REDIS_DATABASES:
+        raise ValueError(f"Redis database {number} is not the tests' own")
+    return urlsplit(REDIS)._replace(path=f"/{number}").geturl()
+
+
 CACHE_URLS = {
     "memory": "memory://",
-    "redis": os.environ.get("SHARDKIT_TEST_REDIS", "redis://127.0.0.1:6379/13"),
+    "redis": REDIS,
     "memcached": os.environ.get("SHARDKIT_TEST_MEMCACHED", "memcached://127.0.0.1:11211"),
+}
+CELERY_BROKERS = {
+    # Database 14 is the Celery tests' broker; every test has its own queue.
+    "redis": os.environ.get("SHARDKIT_TEST_CELERY_REDIS", redis_database(14)),
+    "rabbitmq": os.environ.get("SHARDKIT_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//"),
 }
 SESSION = uuid.uuid4().hex[:8]
 PREFIX = f"sk{SESSION}_"
@@ -121,13 +142,34 @@ def wait_for(
         time.sleep(0.005)
 
 
-def require(url: str) -> None:
-    """Skip (or fail, under CI=true) the calling test when ``url`` is unreachable."""
-    reason = _unreachable(url)
+def _missing(reason: str | None) -> None:
+    """Skip the calling test for ``reason`` (fail it under CI=true); None: nothing missing."""
     if reason is not None:
         if CI:
             pytest.fail(f"service required in CI: {reason}")
         pytest.skip(reason)
+
+
+def require(url: str) -> None:
+    """Skip (or fail, under CI=true) the calling test when ``url`` is unreachable."""
+    _missing(_unreachable(url))
+
+
+@functools.cache
+def _broker_unreachable(url: str) -> str | None:
+    from kombu import Connection
+
+    try:
+        with Connection(url, connect_timeout=2) as conn:
+            conn.ensure_connection(max_retries=1)
+    except Exception as exc:
+        return f"broker unreachable: {type(exc).__name__}: {exc}"
+    return None
+
+
+def require_broker(url: str) -> None:
+    """Skip (or fail, under CI=true) when the Celery broker at ``url`` is unreachable."""
+    _missing(_unreachable(url) if url.startswith("redis") else _broker_unreachable(url))
 
 
 def shard_values(kit: shardkit.Kit, table: str, name: str) -> dict[int, int]:

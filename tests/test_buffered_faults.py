@@ -22,11 +22,11 @@ import redis
 
 import buffered_workers as bw
 import shardkit
-from conftest import PREFIX, require, store_url_for, wait_for
+from conftest import PREFIX, redis_database, require, store_url_for, wait_for
 from shardkit.counters.buffered import Parts
 
 FORK = multiprocessing.get_context("fork")
-REDIS = "redis://127.0.0.1:6379/11"  # this file's own database: the wipe test empties it
+REDIS = redis_database(11)  # this file's own database: the wipe test empties it
 DEADLINE = 30.0  # seconds: a generous bound for anything a test waits for
 
 

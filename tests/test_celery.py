@@ -6,7 +6,6 @@ a count."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import os
@@ -26,46 +25,28 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from kombu import Connection
 
 import shardkit
 from celery_app import Config, build
-from conftest import CI, PREFIX, require, run_together, store_url_for, wait_for
+from conftest import (
+    CELERY_BROKERS,
+    PREFIX,
+    redis_database,
+    require,
+    require_broker,
+    run_together,
+    store_url_for,
+    wait_for,
+)
 from shardkit.contrib.celery import CeleryExecutor
 
 TESTS = Path(__file__).resolve().parent
-BROKERS = {
-    # db 14 is these tests' alone; every test also has its own queue.
-    "redis": os.environ.get("SHARDKIT_TEST_CELERY_REDIS", "redis://127.0.0.1:6379/14"),
-    "rabbitmq": os.environ.get("SHARDKIT_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//"),
-}
-CACHE = os.environ.get("SHARDKIT_TEST_CELERY_CACHE", "redis://127.0.0.1:6379/10")
+# Database 10 keeps the workers' records and is the kits' cache.
+CACHE = os.environ.get("SHARDKIT_TEST_CELERY_CACHE", redis_database(10))
 WRITERS = 3  # kits in this process, each with its own app: like three web processes
 INTERVAL = 0.5  # seconds between a buffered counter's flushes
 STARTUP = 30.0  # seconds a worker may take to be ready
 DEADLINE = 15.0  # seconds anything else awaited may take
-
-
-@functools.cache
-def _broker_unreachable(url: str) -> str | None:
-    try:
-        with Connection(url, connect_timeout=2) as conn:
-            conn.ensure_connection(max_retries=1)
-    except Exception as exc:
-        return f"broker unreachable: {type(exc).__name__}: {exc}"
-    return None
-
-
-def require_broker(url: str) -> None:
-    """Skip (or fail, under CI=true) when the broker at ``url`` is unreachable."""
-    if url.startswith("redis"):
-        require(url)
-        return
-    reason = _broker_unreachable(url)
-    if reason is not None:
-        if CI:
-            pytest.fail(f"service required in CI: {reason}")
-        pytest.skip(reason)
 
 
 class Workers:
@@ -176,7 +157,7 @@ class RecordingExecutor(CeleryExecutor):
 def config_for(broker_name: str, sqlite_url: str, tag: str) -> Config:
     """A test's worker configuration on the PostgreSQL store, with a queue and record
     prefix of its own (its services required)."""
-    broker = BROKERS[broker_name]
+    broker = CELERY_BROKERS[broker_name]
     require_broker(broker)
     require(CACHE)
     run = uuid.uuid4().hex[:12]
@@ -190,7 +171,7 @@ def config_for(broker_name: str, sqlite_url: str, tag: str) -> Config:
     )
 
 
-@pytest.fixture(params=list(BROKERS))
+@pytest.fixture(params=list(CELERY_BROKERS))
 def config(request: pytest.FixtureRequest, sqlite_url: str) -> Config:
     return config_for(request.param, sqlite_url, "celery")
 

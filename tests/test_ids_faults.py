@@ -5,7 +5,8 @@ process's ids increase.
 Takers are forked (entry point in ``ids_workers.py``); each appends every id it is handed
 to its own file before taking the next, so a SIGKILL loses only an id no caller saw (a
 hole). The test synchronises on those files and on lock-free shared flags, polled with a
-deadline, never on sleeps. Redis database 8 is this file's alone: the wipes empty it.
+deadline, never on sleeps. Redis database 8 (of the tests' server) is this file's alone:
+the wipes empty it.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ import redis
 
 import ids_workers as iw
 import shardkit
-from conftest import PREFIX, require, store_url_for, wait_for
+from conftest import PREFIX, redis_database, require, store_url_for, wait_for
 
 FORK = multiprocessing.get_context("fork")
-REDIS = "redis://127.0.0.1:6379/8"  # this file's own database: the wipes empty it
+REDIS = redis_database(8)  # this file's own database: the wipes empty it
 DEADLINE = 30.0  # seconds: a generous bound for anything a test waits for
 
 

@@ -11,7 +11,16 @@ import pytest
 import redis
 
 import shardkit
-from conftest import PREFIX, Target, require, run_together, shard_values, store_url_for, wait_for
+from conftest import (
+    PREFIX,
+    Target,
+    redis_database,
+    require,
+    run_together,
+    shard_values,
+    store_url_for,
+    wait_for,
+)
 from shardkit.errors import CounterKindMismatch, InvalidDelta, InvalidShardCount, ValidationError
 
 
@@ -134,7 +143,7 @@ def test_repeats_after_cache_wipes_are_measured(
     """The documented limit: after the cache is wiped, values not yet persisted are
     handed out again. Writers count while the cache (Redis database 9) is wiped ten
     times; repeats are counted."""
-    cache_url = "redis://127.0.0.1:6379/9"
+    cache_url = redis_database(9)
     require(cache_url)
     target = Target(store_url_for("postgres", sqlite_url), cache_url, PREFIX)
     writers, wipes = 4, 10
