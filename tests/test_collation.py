@@ -21,17 +21,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import PREFIX, SESSION, STORE_URLS, Target, require
-from shardkit.mapper import Batch, KeyRange, TableSource
+from shardkit.mapper import Batch, TableSource
 from shardkit.store.sql import SqlStore
+from test_mapper import UnsampledSource
 
 WAIT = 60.0  # seconds: a deadline, never a pause
-
-
-class UnsampledSource(TableSource):
-    """A source that cannot sample: every split is bisection between its real bounds."""
-
-    def sample(self, conn: Any, rng: KeyRange, after: Any, size: int, points: int) -> None:
-        return None
 
 
 # -- where: databases and collations -------------------------------------------------------
@@ -208,8 +202,8 @@ def key_column(where: Where, **options: Any) -> sa.Column[Any]:
 
 
 def plus_one(table: sa.Table, by: str) -> Callable[[Batch], None]:
-    """A transactional fn: adds 1 to ``v`` of each row of the page, found by column ``by``
-    (a unique one)."""
+    """A transactional fn: adds 1 to ``v`` of each row of the page, found by its unique
+    column ``by``."""
     statement = sa.update(table).where(table.c[by] == sa.bindparam("p_by")).values(v=table.c.v + 1)
 
     def fn(batch: Batch) -> None:
@@ -220,13 +214,20 @@ def plus_one(table: sa.Table, by: str) -> Callable[[Batch], None]:
 
 
 def map_once(
-    where: Where, table: sa.Table, key: str, by: str, sampled: bool, **options: Any
+    where: Where,
+    table: sa.Table,
+    source: sa.Table | sa.Select[Any],
+    key: Any,
+    sampled: bool,
+    **options: Any,
 ) -> int:
-    """Map ``table`` by ``key`` in a transactional job that adds 1 to ``v`` of every row
-    it visits (found by ``by``); return the rows the job counted."""
+    """Map ``source`` by ``key`` in a transactional job that adds 1 to ``v`` of every row
+    it visits (found in ``table`` by its ``id``, or ``k`` if it has none); return the
+    rows the job counted."""
     with Target(where.url, "memory://").connect() as kit:
-        source = TableSource(table, key) if sampled else UnsampledSource(table, key)
-        job = kit.map(source, plus_one(table, by), transactional=True, **options)
+        wrapped = TableSource(source, key) if sampled else UnsampledSource(source, key)
+        by = "id" if "id" in table.c else "k"
+        job = kit.map(wrapped, plus_one(table, by), transactional=True, **options)
         status = job.wait(WAIT)
     assert (status.state, status.error) == ("complete", None)
     return status.rows
@@ -255,7 +256,7 @@ def test_fixed_mixed_keys_are_visited_once_each(where: Where) -> None:
         where, key_column(where, primary_key=True), sa.Column("v", sa.Integer)
     ) as table:
         held = insert_keys(where, table, fixed_keys())
-        rows = map_once(where, table, "k", "k", True, page_size=7, fanout=8)
+        rows = map_once(where, table, table, "k", True, page_size=7, fanout=8)
         assert visits(where, table, "k") == dict.fromkeys(held, 1)
         assert rows == len(held)
 
@@ -274,7 +275,7 @@ def test_a_unique_string_key_visits_every_row_once(
         where, key_column(where, primary_key=True), sa.Column("v", sa.Integer)
     ) as table:
         held = insert_keys(where, table, keys)
-        rows = map_once(where, table, "k", "k", sampled, page_size=page_size, fanout=fanout)
+        rows = map_once(where, table, table, "k", sampled, page_size=page_size, fanout=fanout)
         assert visits(where, table, "k") == dict.fromkeys(held, 1)
         assert rows == len(held)
 
@@ -285,22 +286,34 @@ def test_a_unique_string_key_visits_every_row_once(
     page_size=st.integers(1, 4),
     fanout=st.integers(2, 6),
     sampled=st.booleans(),
+    composite=st.booleans(),
+    filtered=st.booleans(),
 )
 def test_keys_equal_under_the_collation_are_visited_once_each(
-    where: Where, keys: list[str], page_size: int, fanout: int, sampled: bool
+    where: Where,
+    keys: list[str],
+    page_size: int,
+    fanout: int,
+    sampled: bool,
+    composite: bool,
+    filtered: bool,
 ) -> None:
-    """A key that is not unique under the collation (only as a string): its rows are one
-    key to the mapper, each visited once."""
+    """A key that is unique as a string but not under the collation (a column that no
+    unique index holds to it, alone or with a second column, or a select's): rows whose
+    keys are equal there are one key to the mapper, and each is visited once."""
     columns = (
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
         key_column(where, nullable=False, index=True),
+        sa.Column("n", sa.Integer, nullable=False),
         sa.Column("v", sa.Integer),
     )
     with made_table(where, *columns) as table:
+        rows = [{"id": i, "k": key, "n": i % 2, "v": 0} for i, key in enumerate(keys)]
         with where.engine.begin() as conn:
-            conn.execute(
-                table.insert(), [{"id": i, "k": key, "v": 0} for i, key in enumerate(keys)]
-            )
-        rows = map_once(where, table, "k", "id", sampled, page_size=page_size, fanout=fanout)
-        assert visits(where, table, "id") == dict.fromkeys(range(len(keys)), 1)
-        assert rows == len(keys)
+            conn.execute(table.insert(), rows)
+        source = sa.select(table).where(table.c.id % 3 != 1) if filtered else table
+        key = ("k", "n") if composite else "k"
+        counted = map_once(where, table, source, key, sampled, page_size=page_size, fanout=fanout)
+        chosen = {row["id"]: int(not filtered or row["id"] % 3 != 1) for row in rows}
+        assert visits(where, table, "id") == chosen
+        assert counted == sum(chosen.values())
