@@ -172,8 +172,8 @@ class TableSource:
         keys (its tail) with them. One index probe; usually the last row alone."""
         if self._ties is None:
             self._ties = sa.select(self._from).where(self._key_expr() == self._bound("tie"))
-        tied = conn.execute(self._ties, self._params("tie", self.key_of(rows[-1]))).mappings()
-        tail = tied.all()
+        last = self._params("tie", self.key_of(rows[-1]))
+        tail = conn.execute(self._ties, last).mappings().all()
         keys = {self.key_of(row) for row in tail}
         return [row for row in rows if self.key_of(row) not in keys] + list(tail)
 
