@@ -4,10 +4,11 @@ Pure functions, no I/O. A key is an ``int``, ``str``, ``bytes``, ``UUID`` or a t
 those (a composite key, compared as a row value). A ``KeyRange`` holds the keys ``k`` with
 ``lo <= k < hi`` (``None``: unbounded on that side).
 
-Which keys fall in a range is decided by the database, in its own order (a collation may
-order strings differently from Python). Splitting at points given in that order
-(``KeyRange.split``) always partitions a range exactly; the interpolation functions here
-produce points in Python's order, which is the database's for ints, bytes and UUIDs.
+Which keys fall in a range is decided by the database, in its own order: a collation may
+order strings differently from Python, and hold distinct strings equal. Splitting at
+points given in that order (``KeyRange.split``) always partitions a range exactly. The
+interpolation functions here work in Python's order, so the mapper only aims with their
+points: the database finds the real keys at them, which are the split points.
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ class KeyRange:
     def split(self, points: Sequence[Key]) -> list[KeyRange]:
         """Cut this range at ``points`` (non-decreasing in the database's order, inside the
         range): ``[lo, p1), [p1, p2), …, [pn, hi)``. Every key of the range is in exactly one
-        of them, whatever the order; equal neighbouring points are dropped."""
+        of them, whatever the order; equal neighbouring points are dropped (points equal
+        only under a collation, 'a' and 'A', leave an empty range between them)."""
         bounds: list[Key | None] = [self.lo]
         for point in points:
             if point != bounds[-1]:
@@ -96,8 +98,9 @@ class KeyRange:
 
 def interpolate(lo: Key, hi: Key, parts: int) -> list[Key]:
     """Up to ``parts - 1`` keys strictly between ``lo`` and ``hi``, increasing and about
-    evenly spaced in the key space (bisection for ``parts = 2``). Fewer, or none, when
-    the space between is too small. ``lo`` and ``hi`` are of one type, ``lo < hi``.
+    evenly spaced in the key space (bisection for ``parts = 2``), in Python's order. Fewer,
+    or none, when the space between is too small. ``lo`` and ``hi`` are of one type,
+    ``lo < hi``.
 
     For strings, code points are the digits (surrogates skipped, so every point encodes
     as UTF-8); for composite keys, the first component where ``lo`` and ``hi`` differ

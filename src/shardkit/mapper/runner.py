@@ -40,7 +40,7 @@ from shardkit.mapper.ledger import (
     RangeLedger,
     RangeRow,
 )
-from shardkit.mapper.source import Sample
+from shardkit.mapper.source import Sample, Source
 from shardkit.mapper.spec import MapSpec, Signer
 from shardkit.store.sql import SqlStore
 
@@ -335,13 +335,17 @@ class Mapper:
     def _plan_by_bounds(
         self, conn: Connection, spec: MapSpec, row: RangeRow, after: Key | None
     ) -> _Children | None:
-        """Split between the real smallest and largest key left, by key arithmetic: for
-        the root, and for sources that cannot sample (even only for keys dense in their
-        space). ``[]`` if nothing is left, None if arithmetic cannot cut it."""
+        """Split between the real smallest and largest key left: for the root, and for
+        sources that cannot sample. Key arithmetic between the bounds gives targets, in
+        Python's order; the points are the real keys found at them in the database's
+        (``seek``), which a collation may order otherwise. ``[]`` if nothing is left,
+        None if no point was found."""
         bounds = spec.source.bounds(conn, row.range, after)
         if bounds is None:
             return []
-        points = interpolate(bounds[0], bounds[1], spec.fanout)
+        # Python's order only orients the arithmetic: the database places the points.
+        low, high = sorted(bounds)
+        points = seek(conn, spec.source, row.range, bounds[0], interpolate(low, high, spec.fanout))
         return _children(row.range, points, after) if points else None
 
     # -- completion and failure ----------------------------------------------------------
@@ -405,6 +409,24 @@ def split_points(sample: Sample, size: int, fanout: int, page_size: int) -> list
         spare = 0 if len(keys) >= drawn else -(-drawn // len(keys)) + 1
         parts = min(parts, -(-drawn // (page_size - spare)))
     return [keys[len(keys) * i // parts] for i in range(1, parts)]
+
+
+def seek(
+    conn: Connection, source: Source, rng: KeyRange, first: Key, targets: Sequence[Key]
+) -> list[Key]:
+    """Split points for what is left of ``rng`` past its key ``first``: for each target in
+    turn, the smallest key of the range at or above it and above the last point found
+    (one key read from the source: compared and ordered by the database). Whatever order
+    the targets are in, the points are real keys of the range, above ``first`` and
+    increasing in the database's order; a target with no key past it gives none."""
+    points: list[Key] = []
+    last = first
+    for target in targets:
+        found = source.page(conn, KeyRange(target, rng.hi), last, 1)
+        if found:
+            last = source.key_of(found[0])
+            points.append(last)
+    return points
 
 
 def _children(

@@ -5,6 +5,12 @@ by key order and ``LIMIT``, never ``OFFSET``: a page costs an index seek and the
 wherever it is. Its key must be unique (a primary key, or a composite key such as
 ``("created_at", "id")``). Anything implementing ``Source`` is one; SQLAlchemy tables and
 selects are wrapped in a ``TableSource``.
+
+Every comparison of keys is the database's, in its order for the key (a string column's
+collation), never Python's: ranges and checkpoints are conditions in the statements, and
+keys come back in its ``ORDER BY``. Under a collation that holds distinct strings equal
+('a' and 'A' case-insensitively, 'a' and 'a ' where trailing spaces are padding), such
+strings are one key: a page that ends on one holds every row of it.
 """
 
 from __future__ import annotations
@@ -48,7 +54,9 @@ class Source(Protocol):
     transactional job, the connection of the transaction that commits the page)."""
 
     def page(self, conn: Connection, rng: KeyRange, after: Key | None, limit: int) -> list[Any]:
-        """Up to ``limit`` rows of ``rng`` with keys above ``after``, in key order."""
+        """Up to ``limit`` rows of ``rng`` with keys above ``after``, in key order; more
+        only when its last key is held by several rows (equal in the database's order):
+        a page ends after all of them, as the next starts above its last key."""
 
     def key_of(self, row: Any) -> Key:
         """The key of a row returned by ``page``."""
@@ -99,6 +107,7 @@ class TableSource:
         # Statements by shape (see _edges), built once.
         self._pages: dict[tuple[str, ...], sa.Select[Any]] = {}
         self._samples: dict[tuple[str, tuple[str, ...]], sa.Select[Any]] = {}
+        self._ties: sa.Select[Any] | None = None
 
     def __repr__(self) -> str:
         name = getattr(self.selectable, "name", "select")
@@ -126,16 +135,18 @@ class TableSource:
         edges: list[str] = []
         params: dict[str, Any] = {}
         for edge, key in (("lo", rng.lo), ("hi", rng.hi), ("after", after)):
-            if key is None:
-                continue
-            edges.append(edge)
-            if len(self._columns) == 1:
-                params[f"shardkit_{edge}_0"] = key
-            elif isinstance(key, tuple) and len(key) == len(self._columns):
-                params.update((f"shardkit_{edge}_{i}", v) for i, v in enumerate(key))
-            else:
-                raise ConfigurationError(f"a key of {self.key} must be a tuple: {key!r}")
+            if key is not None:
+                edges.append(edge)
+                params.update(self._params(edge, key))
         return tuple(edges), params
+
+    def _params(self, edge: str, key: Key) -> dict[str, Any]:
+        """``key`` as the values of the bind parameters of ``_bound(edge)``."""
+        if len(self._columns) == 1:
+            return {f"shardkit_{edge}_0": key}
+        if isinstance(key, tuple) and len(key) == len(self._columns):
+            return {f"shardkit_{edge}_{i}": value for i, value in enumerate(key)}
+        raise ConfigurationError(f"a key of {self.key} must be a tuple: {key!r}")
 
     def page(
         self, conn: Connection, rng: KeyRange, after: Key | None, limit: int
@@ -150,7 +161,21 @@ class TableSource:
                 .limit(sa.bindparam("shardkit_limit", type_=sa.Integer))
             )
         params["shardkit_limit"] = limit
-        return list(conn.execute(statement, params).mappings().all())
+        rows = list(conn.execute(statement, params).mappings().all())
+        if len(rows) == limit and _may_tie(self.key_of(rows[-1])):
+            return self._with_ties(conn, rows)
+        return rows
+
+    def _with_ties(self, conn: Connection, rows: list[RowMapping]) -> list[RowMapping]:
+        """A full page, its end moved past every row whose key equals its last key in
+        the database's order: read them, and replace the page's rows of the same exact
+        keys (its tail) with them. One index probe; usually the last row alone."""
+        if self._ties is None:
+            self._ties = sa.select(self._from).where(self._key_expr() == self._bound("tie"))
+        last = self._params("tie", self.key_of(rows[-1]))
+        tail = conn.execute(self._ties, last).mappings().all()
+        keys = {self.key_of(row) for row in tail}
+        return [row for row in rows if self.key_of(row) not in keys] + list(tail)
 
     def key_of(self, row: Any) -> Key:
         if len(self.key) == 1:
@@ -247,6 +272,15 @@ class TableSource:
             autoload_with=engine,
         )
         return cls(table, description["key"])
+
+
+def _may_tie(key: Key) -> bool:
+    """Whether the database may hold ``key`` equal to another value of its type: strings
+    (or composite keys with one), under a collation; ints, bytes and UUIDs are equal only
+    to themselves."""
+    if isinstance(key, tuple):
+        return any(isinstance(part, str) for part in key)
+    return isinstance(key, str)
 
 
 def as_source(obj: Any, key: str | Sequence[str] | None) -> Source:
