@@ -1,0 +1,264 @@
+"""Throwaway servers for the restart tests: a PostgreSQL cluster made by ``initdb``, a
+``redis-server`` and a ``memcached``, each a child process of the test listening on a
+free loopback port, stopped and started again on that same port, and killed at the end
+whatever happened (the machine's shared servers are never touched).
+
+A server is started with ``setpriv --pdeathsig`` where that exists, so it dies with the
+*thread* that started it even if the test process is killed: start and restart servers
+from the test's own thread, never from a helper thread that ends first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+from pymemcache.client.base import Client as MemcacheClient
+
+from conftest import CI
+
+STARTUP = 30.0  # seconds a server may take to answer (PostgreSQL replays its WAL)
+SHUTDOWN = 15.0  # seconds a server may take to exit before it is SIGKILLed
+_ROOT = os.geteuid() == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def unavailable(reason: str) -> None:
+    """Skip the calling test (fail it under CI=true) for a missing server binary."""
+    if CI:
+        pytest.fail(f"required in CI: {reason}")
+    pytest.skip(reason)
+
+
+class Server:
+    """One server process on 127.0.0.1:``port``, with its files in a temporary directory.
+
+    ``start()`` returns once the server answers (the moment is kept in ``answered_at``,
+    ``time.monotonic()``), ``stop()`` ends it (SIGKILL unless a subclass's ``signal``
+    says otherwise, SIGKILL anyway past ``SHUTDOWN``), ``restart()`` does both on the
+    same port, ``close()`` ends it and removes its files.
+    """
+
+    name = "server"
+    stop_signal = signal.SIGKILL
+    user: str | None = None  # run as this OS user when the tests run as root
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix=f"shardkit-{self.name}-"))
+        if self.user and _ROOT:
+            shutil.chown(self.dir, self.user)
+        self.port = _free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.answered_at = 0.0
+        self.starts = 0
+
+    @property
+    def url(self) -> str:
+        raise NotImplementedError
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def answers(self) -> bool:
+        """Whether the server answers a request now (one probe, failing fast)."""
+        raise NotImplementedError
+
+    @property
+    def log(self) -> Path:
+        return self.dir / f"{self.name}.log"
+
+    def status(self) -> str:
+        """The end of the server's log, for failure messages."""
+        try:
+            return "\n" + self.log.read_text(errors="replace")[-3000:]
+        except OSError:
+            return ""
+
+    def start(self) -> float:
+        """Start the server and wait until it answers; return that moment."""
+        assert self.process is None or self.process.poll() is not None, "already running"
+        prefix = []
+        if shutil.which("setpriv"):
+            prefix = ["setpriv", f"--pdeathsig={signal.Signals(self.stop_signal).name[3:]}"]
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                [*prefix, *self.command()],
+                cwd=self.dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                user=self.user if self.user and _ROOT else None,
+                start_new_session=True,  # a ^C of the test run is not sent to it
+            )
+        self.starts += 1
+        deadline = time.monotonic() + STARTUP
+        while not self.answers():
+            if self.process.poll() is not None:
+                pytest.fail(f"{self.name} exited with {self.process.returncode}{self.status()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                pytest.fail(f"{self.name} did not answer within {STARTUP:.0f} s{self.status()}")
+            time.sleep(0.01)
+        self.answered_at = time.monotonic()
+        return self.answered_at
+
+    def stop(self) -> None:
+        """End the server (its ``stop_signal``; SIGKILL past ``SHUTDOWN`` seconds) and
+        wait until it has exited."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(self.stop_signal)
+        try:
+            process.wait(SHUTDOWN)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+    def restart(self) -> float:
+        """Stop the server and start it again on the same port; return when it answered."""
+        self.stop()
+        return self.start()
+
+    def close(self) -> None:
+        self.stop()
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):  # anything it left in its session
+                os.killpg(self.process.pid, signal.SIGKILL)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PostgresServer(Server):
+    """A cluster of its own (``initdb``, trust authentication, user ``postgres``), its
+    socket in its directory. Stopped by immediate shutdown (SIGQUIT: backends die at
+    once, the next start replays the WAL, as after a crash); ``fsync`` is off, since
+    only the server process dies, never the machine."""
+
+    name = "postgres"
+    stop_signal = signal.SIGQUIT
+    user = "postgres"
+
+    def __init__(self) -> None:
+        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+        if not found:
+            unavailable("PostgreSQL's initdb is not installed (/usr/lib/postgresql/*/bin)")
+        self.bin = Path(found[-1]).parent
+        super().__init__()
+        data = self.dir / "data"
+        initdb = [self.bin / "initdb", "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8"]
+        subprocess.run(
+            [*initdb, "--no-sync", "--no-instructions"],
+            check=True,
+            capture_output=True,
+            user=self.user if _ROOT else None,
+            timeout=STARTUP,
+        )
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def command(self) -> list[str]:
+        return [
+            str(self.bin / "postgres"),
+            *("-D", str(self.dir / "data"), "-p", str(self.port), "-k", str(self.dir)),
+            *("-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"),
+            *("-c", "max_connections=40", "-c", "shared_buffers=16MB"),
+        ]
+
+    def answers(self) -> bool:
+        try:
+            with psycopg.connect(self.url.replace("+psycopg", ""), connect_timeout=2) as conn:
+                conn.execute("SELECT 1")
+            return True
+        except psycopg.Error:
+            return False
+
+
+class RedisServer(Server):
+    """redis-server without persistence: a restart loses every key, as a cache may."""
+
+    name = "redis"
+
+    def __init__(self) -> None:
+        if not shutil.which("redis-server"):
+            unavailable("redis-server is not installed")
+        super().__init__()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def command(self) -> list[str]:
+        return [
+            "redis-server",
+            *("--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir)),
+            *("--save", "", "--appendonly", "no", "--daemonize", "no"),
+        ]
+
+    def answers(self) -> bool:
+        client = redis.Redis(port=self.port, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+
+
+class MemcachedServer(Server):
+    """memcached: a restart loses every key."""
+
+    name = "memcached"
+
+    def __init__(self) -> None:
+        if not shutil.which("memcached"):
+            unavailable("memcached is not installed")
+        super().__init__()
+
+    @property
+    def url(self) -> str:
+        return f"memcached://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        root = ["-u", "root"] if _ROOT else []
+        return ["memcached", *root, "-l", "127.0.0.1", "-p", str(self.port), "-U", "0"]
+
+    def answers(self) -> bool:
+        client = MemcacheClient(("127.0.0.1", self.port), connect_timeout=2, timeout=2)
+        try:
+            client.version()
+            return True
+        except Exception:  # pymemcache has errors of its own beside OSError
+            return False
+        finally:
+            client.close()
+
+
+@contextlib.contextmanager
+def running(kind: type[Server]) -> Iterator[Server]:
+    """A started server of ``kind``, ended and removed when the block exits, however."""
+    server = kind()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
