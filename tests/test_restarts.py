@@ -20,7 +20,7 @@ polling with a deadline.
 
 from __future__ import annotations
 
-import collections
+import itertools
 import logging
 import re
 import threading
@@ -32,7 +32,7 @@ import pytest
 import sqlalchemy as sa
 
 import shardkit
-from conftest import PREFIX, store_url_for, wait_for
+from conftest import PREFIX, wait_for
 from servers import MemcachedServer, PostgresServer, RedisServer, Server, running
 from shardkit.errors import BackendError, BackendUnavailable
 
@@ -224,4 +224,234 @@ def test_a_restart_while_idle_costs_at_most_one_failed_write(postgres: Server, k
         assert failed <= 1, f"{failed} writes failed after the server answered"
         assert counter.value(fresh=True) == sum(writers.acked) + 20 - failed
     finally:
+        kit.close()
+
+
+# -- the mapper ------------------------------------------------------------------------------
+
+ROWS = 20_000
+
+
+def test_a_transactional_job_whose_database_restarts_adds_to_every_row_once(
+    postgres: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job adds 10 to every row of a table on the throwaway PostgreSQL. Once it is
+    under way, every worker's page is held in fn while the server dies (immediate
+    shutdown): their transactions roll back, and the store cannot even record the
+    failures. The server comes back, and the job completes by itself, every row +10
+    exactly once."""
+    server = _up(postgres)
+    engine = sa.create_engine(server.url)
+    table = sa.Table(
+        f"{PREFIX}rows_{uuid.uuid4().hex[:8]}",
+        sa.MetaData(),
+        sa.Column("k", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("v", sa.Integer, nullable=False),
+    )
+    table.metadata.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(table.insert(), [{"k": k, "v": 0} for k in range(ROWS)])
+    engine.dispose()  # its connection would not outlive the restart
+    add = table.update().where(table.c.k == sa.bindparam("key")).values(v=table.c.v + 10)
+    pages = itertools.count()
+    held: list[int] = []
+    release = threading.Event()
+
+    def fn(batch: shardkit.Batch) -> None:
+        if batch.rows:
+            batch.conn.execute(add, [{"key": row.k} for row in batch.rows])
+        if next(pages) >= 20 and not release.is_set():
+            held.append(1)
+            release.wait(DEADLINE)
+
+    kit = shardkit.connect(server.url, "memory://", prefix=PREFIX)
+    try:
+        job = kit.map(table, fn, transactional=True, page_size=100, fanout=4)
+        workers = kit.executor.workers  # type: ignore[attr-defined]
+        wait_for(lambda: len(held) == workers, "every worker to hold a page", DEADLINE)
+        server.stop()
+        release.set()
+        wait_for(
+            lambda: "recording that failed" in caplog.text,
+            "a failure the store could not record",
+            DEADLINE,
+        )
+        server.start()
+        status = job.wait(timeout=DEADLINE)
+        assert status.state == "complete"
+        assert status.rows == ROWS
+        with engine.connect() as conn:
+            by_value = conn.execute(sa.select(table.c.v, sa.func.count()).group_by(table.c.v))
+            assert dict(list(by_value)) == {10: ROWS}, "a row was visited twice, or missed"
+    finally:
+        release.set()
+        kit.close()
+        engine.dispose()
+
+
+# -- the cache -------------------------------------------------------------------------------
+
+
+class ByKind:
+    """What each kind of counter did across a cache restart: each writer takes the three
+    kinds in turn, one call each, recording when the call started and what it returned."""
+
+    KINDS = ("sharded", "buffered", "ids")
+
+    def __init__(self, kit: shardkit.Kit) -> None:
+        tag = uuid.uuid4().hex
+        self.sharded = kit.sharded(f"restart:{tag}:s", shards=WRITERS)
+        self.buffered = kit.buffered(f"restart:{tag}:b", interval=0.2)
+        self.ids = kit.ids(f"restart:{tag}:i", block=100)
+        self.turn = [0] * WRITERS
+        self.acked: dict[str, list[float]] = {kind: [] for kind in self.KINDS}  # start times
+        self.raised: dict[str, list[BaseException]] = {kind: [] for kind in self.KINDS}
+        self.handed: list[list[int]] = [[] for _ in range(WRITERS)]
+
+    def write(self, slot: int) -> None:
+        kind = self.KINDS[self.turn[slot] % 3]
+        self.turn[slot] += 1
+        started = time.monotonic()
+        try:
+            if kind == "sharded":
+                self.sharded.incr()
+            elif kind == "buffered":
+                self.buffered.incr()
+            else:
+                self.handed[slot].append(self.ids.next())
+        except Exception as exc:
+            self.raised[kind].append(exc)
+            raise
+        self.acked[kind].append(started)
+
+
+def test_a_cache_restart_under_load_loses_only_what_was_pending(
+    postgres: Server, cache_server: Server
+) -> None:
+    """Redis (or memcached) dies (SIGKILL, no persistence: every key lost) and comes back
+    under eight writers of a sharded counter, a buffered counter (flushed every 0.2 s)
+    and an id allocator, all on one kit.
+
+    * Sharded: the cache is only a read cache, so no write fails and the value is exact.
+    * Buffered: what was pending in the cache when it died is lost, and only that; the
+      loss is at most the pending part read just before the kill plus what was added
+      after that read.
+    * Ids: no id is handed out twice (a new block is reserved above every id handed out),
+      and each writer's ids keep increasing.
+    * The same kit writes every kind again within 5 s of the cache answering.
+    """
+    store, cache = _up(postgres), _up(cache_server)
+    kit = shardkit.connect(store.url, cache.url, prefix=PREFIX)
+    try:
+        counters = ByKind(kit)
+        with Writers(counters.write) as writers:
+            writers.wait_acked(60)
+            flushed = lambda: counters.buffered.parts().stored > 0  # noqa: E731
+            wait_for(flushed, "a flush of the buffered counter", DEADLINE)
+            read_at = time.monotonic()
+            before = counters.buffered.parts()
+            cache.stop()
+            writers.wait_failed()
+            answered_at = cache.start()
+            writers.wait_acked(60)
+        writers.check_errors()
+        recovery = writers.recovery(answered_at)
+        assert max(recovery) < RECOVERY, f"writers wrote again after {recovery} s"
+
+        assert not counters.raised["sharded"]
+        assert counters.sharded.value(fresh=True) == len(counters.acked["sharded"])
+
+        kit.flush_all()
+        after = counters.buffered.parts()
+        assert after.pending == 0
+        acked = counters.acked["buffered"]
+        lost = len(acked) - after.stored
+        added_since_read = sum(1 for started in acked if read_at <= started < answered_at)
+        print(
+            "\nFIGURES",
+            cache.name,
+            "lost",
+            lost,
+            "pending",
+            before.pending,
+            "added",
+            added_since_read,
+            "acked",
+            len(acked),
+            "recovery",
+            max(recovery),
+            "raised",
+            {k: len(v) for k, v in counters.raised.items()},
+        )
+        assert 0 <= lost <= before.pending + added_since_read
+        assert after.stored >= before.stored, "a flushed increment was lost"
+
+        handed = [i for ids in counters.handed for i in ids]
+        assert len(handed) == len(set(handed)) == len(counters.acked["ids"])
+        assert all(ids == sorted(ids) for ids in counters.handed)
+        assert max(handed) <= counters.ids.reserved()
+    finally:
+        kit.close()
+
+
+# -- logging during an outage ----------------------------------------------------------------
+
+CALLS = 250  # calls each writer makes while the cache is down
+
+
+def test_a_cache_outage_is_logged_in_a_few_lines_that_count_the_failures(
+    postgres: Server, redis_server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Eight writers of a sharded counter make 250 calls each while Redis is down: each
+    call is stored, and its cache upkeep fails (2,000 failures). The log shows the first
+    failure, then, once Redis is back, one line saying it works again that counts all
+    2,000 (a line every 10 s in between, were the outage longer)."""
+    store, cache = _up(postgres), _up(redis_server)
+    kit = shardkit.connect(store.url, cache.url, prefix=PREFIX)
+    phase = threading.Barrier(WRITERS + 1, timeout=DEADLINE)
+    done = threading.Event()
+    try:
+        counter = kit.sharded(f"restart:{uuid.uuid4().hex}", shards=WRITERS)
+
+        def write(slot: int) -> None:
+            for _ in range(20):  # shard tickets taken, connections opened
+                counter.incr()
+            phase.wait()  # the cache stops
+            phase.wait()
+            for _ in range(CALLS):
+                counter.incr()
+            phase.wait()  # the cache starts
+            phase.wait()
+            while not done.is_set():
+                counter.incr()
+
+        threads = [threading.Thread(target=write, args=(slot,)) for slot in range(WRITERS)]
+        for thread in threads:
+            thread.start()
+        phase.wait()
+        cache.stop()
+        caplog.clear()
+        phase.wait()
+        phase.wait()
+        cache.start()
+        phase.wait()
+        wait_for(lambda: "works again" in caplog.text, "the line saying it works again", DEADLINE)
+        done.set()
+        for thread in threads:
+            thread.join(DEADLINE)
+
+        lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(lines) <= 3, "\n".join(lines)  # first, recovery, a 10 s line if slow
+        assert "failed while adjusting a cached value" in lines[0]
+        again = re.fullmatch(
+            r"adjusting a cached value works again: (\d+) failures in [\d.]+ s "
+            r"\((\d+) not logged until now\)",
+            lines[-1],
+        )
+        assert again, lines[-1]
+        held = [int(n) for n in re.findall(r"\(and (\d+) more not logged\)", "\n".join(lines))]
+        assert int(again[1]) == WRITERS * CALLS
+        assert len(lines) - 1 + sum(held) + int(again[2]) == WRITERS * CALLS
+    finally:
+        done.set()
         kit.close()
