@@ -133,6 +133,12 @@ class Server:
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
 
+    def up(self) -> Server:
+        """This server, started again if it is not running."""
+        if self.process is None or self.process.poll() is not None:
+            self.start()
+        return self
+
     def restart(self) -> float:
         """Stop the server and start it again on the same port; return when it answered."""
         self.stop()
