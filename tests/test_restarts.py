@@ -6,8 +6,8 @@ What each test proves:
 
 * Every acknowledged write is stored exactly once; a call that raised is counted apart
   (with idempotency keys, retried until it answers, so the total is exact).
-* Calls during an outage raise ``BackendError`` (``BackendUnavailable`` when the server
-  cannot be reached), never a driver's own exception.
+* Calls during an outage raise ``BackendUnavailable`` (the server could not be reached,
+  or was lost mid-call), never a driver's own exception.
 * The same kit writes again, without anything done by its user, within 5 s of the server
   answering (measured from the first answer to each writer's first success).
 * A cache restart loses only what a buffered counter had pending, ids never repeat, and
@@ -34,7 +34,7 @@ import sqlalchemy as sa
 import shardkit
 from conftest import PREFIX, wait_for
 from servers import MemcachedServer, PostgresServer, RedisServer, Server, running
-from shardkit.errors import BackendError, BackendUnavailable
+from shardkit.errors import BackendUnavailable
 
 pytestmark = pytest.mark.slow
 
@@ -143,12 +143,12 @@ class Writers:
         return [exc for errors in self.errors for exc in errors]
 
     def check_errors(self) -> None:
-        """Every call that raised, raised a ``BackendError``, some ``BackendUnavailable``."""
+        """Some calls raised (the outage was seen), and every one raised
+        ``BackendUnavailable``: the server could not be reached, or was lost mid-call."""
         raised = self.raised()
         assert raised, "no call failed: the outage was not seen"
-        wrong = [exc for exc in raised if not isinstance(exc, BackendError)]
+        wrong = [exc for exc in raised if not isinstance(exc, BackendUnavailable)]
         assert not wrong, f"{len(wrong)} calls raised something else, e.g. {wrong[0]!r}"
-        assert any(isinstance(exc, BackendUnavailable) for exc in raised)
 
     def recovery(self, answered_at: float) -> list[float]:
         """Seconds from ``answered_at`` to each writer's first success after it."""
@@ -365,8 +365,6 @@ def test_a_cache_restart_under_load_loses_only_what_was_pending(
             answered_at = cache.start()
             writers.wait_acked(60)
         writers.check_errors()
-        lost = [e for e in writers.raised() if not isinstance(e, BackendUnavailable)]
-        assert not lost, f"{len(lost)} calls raised another BackendError, e.g. {lost[0]!r}"
         recovery = writers.recovery(answered_at)
         assert max(recovery) < RECOVERY, f"writers wrote again after {recovery} s"
 
