@@ -34,6 +34,7 @@ import sqlalchemy as sa
 import shardkit
 from conftest import PREFIX, wait_for
 from servers import MemcachedServer, PostgresServer, RedisServer, Server, running
+from shardkit.counters.ids import _CLAIM_WAIT as CLAIM_WAIT
 from shardkit.errors import BackendUnavailable
 
 pytestmark = pytest.mark.slow
@@ -129,12 +130,12 @@ class Writers:
             self.status,
         )
 
-    def wait_failed(self) -> None:
-        """Wait until every writer has had a call raise since now."""
-        seen = [len(e) for e in self.errors]
+    def wait_failed(self, slots: range = range(WRITERS)) -> None:
+        """Wait until every writer of ``slots`` has had a call raise since now."""
+        seen = [len(self.errors[slot]) for slot in slots]
         wait_for(
-            lambda: all(len(e) > n for e, n in zip(self.errors, seen, strict=True)),
-            "a failed call of every writer",
+            lambda: all(len(self.errors[s]) > n for s, n in zip(slots, seen, strict=True)),
+            f"a failed call of writers {slots}",
             DEADLINE,
             self.status,
         )
@@ -235,6 +236,70 @@ def test_a_restart_while_idle_costs_at_most_one_failed_write(postgres: Server, k
                 failed += 1
         assert failed <= 1, f"{failed} writes failed after the server answered"
         assert counter.value(fresh=True) == sum(writers.acked) + 20 - failed
+    finally:
+        kit.close()
+
+
+def test_postgres_restart_under_load_loses_no_buffered_increment_and_repeats_no_id(
+    postgres: Server, redis: Server
+) -> None:
+    """Four writers of a buffered counter (flushed every 0.2 s) and four of an id
+    allocator (blocks of 50) while PostgreSQL dies and comes back. Buffered increments go
+    to the cache and never fail; the flushes that fail leave their sums there for the
+    next ones, so the stored value ends exact. Id writers fail while they need a new
+    block, and write again within 5 s of the server answering; no id repeats."""
+    kit = shardkit.connect(postgres.url, redis.url, prefix=PREFIX)
+    try:
+        tag = uuid.uuid4().hex
+        buffered = kit.buffered(f"restart:{tag}:b", interval=0.2)
+        ids = kit.ids(f"restart:{tag}:i", block=50)
+        handed: list[list[int]] = [[] for _ in range(WRITERS)]
+
+        def write(slot: int) -> None:
+            if slot < WRITERS // 2:
+                buffered.incr()
+            else:
+                handed[slot].append(ids.next())
+
+        with Writers(write) as writers:
+            writers.wait_acked(20)
+            wait_for(lambda: buffered.parts().stored > 0, "a flush", DEADLINE)
+            postgres.stop()
+            writers.wait_failed(range(WRITERS // 2, WRITERS))
+            answered_at = postgres.start()
+            writers.wait_acked(20)
+        writers.check_errors()
+        assert not any(writers.errors[: WRITERS // 2]), "a buffered increment failed"
+        recovery = writers.recovery(answered_at)
+        assert max(recovery) < RECOVERY, f"writers wrote again after {recovery} s"
+
+        kit.flush_all()
+        assert buffered.parts() == (sum(writers.acked[: WRITERS // 2]), 0)
+        every = [i for ids_of in handed for i in ids_of]
+        assert len(every) == len(set(every)) == sum(writers.acked[WRITERS // 2 :])
+        assert all(ids_of == sorted(ids_of) for ids_of in handed)
+    finally:
+        kit.close()
+
+
+def test_ids_need_no_wait_for_a_block_whose_reservation_failed(postgres: Server) -> None:
+    """With the store down, the call that claimed the next block fails to reserve it; the
+    next call must not wait for that claim (as it would for a live claimer: up to the
+    claim wait, 5 s), but try, and fail, at once. Else every writer waits out a claim
+    after the store answers again."""
+    kit = shardkit.connect(postgres.url, "memory://", prefix=PREFIX)
+    try:
+        ids = kit.ids(f"restart:{uuid.uuid4().hex}", block=2)
+        assert ids.take(2) == [1, 2]  # the block is used up: the next call reserves
+        postgres.stop()
+        with pytest.raises(BackendUnavailable):
+            ids.next()
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailable):
+            ids.next()
+        assert time.monotonic() - started < CLAIM_WAIT, "it waited for a failed claim"
+        postgres.start()
+        assert ids.next() == 3
     finally:
         kit.close()
 
