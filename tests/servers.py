@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -50,10 +51,10 @@ def unavailable(reason: str) -> None:
 class Server:
     """One server process on 127.0.0.1:``port``, with its files in a temporary directory.
 
-    ``start()`` returns once the server answers (the moment is kept in ``answered_at``,
-    ``time.monotonic()``), ``stop()`` ends it (SIGKILL unless a subclass's ``signal``
-    says otherwise, SIGKILL anyway past ``SHUTDOWN``), ``restart()`` does both on the
-    same port, ``close()`` ends it and removes its files.
+    ``start()`` returns once the server answers (that moment, ``time.monotonic()``),
+    ``stop()`` ends it (``stop_signal``; SIGKILL past ``SHUTDOWN`` seconds), ``restart()``
+    does both on the same port, ``up()`` starts it if it is not running, ``close()`` ends
+    it and removes its files.
     """
 
     name = "server"
@@ -66,8 +67,6 @@ class Server:
             shutil.chown(self.dir, self.user)
         self.port = _free_port()
         self.process: subprocess.Popen[bytes] | None = None
-        self.answered_at = 0.0
-        self.starts = 0
 
     @property
     def url(self) -> str:
@@ -107,7 +106,6 @@ class Server:
                 user=self.user if self.user and _ROOT else None,
                 start_new_session=True,  # a ^C of the test run is not sent to it
             )
-        self.starts += 1
         deadline = time.monotonic() + STARTUP
         while not self.answers():
             if self.process.poll() is not None:
@@ -116,8 +114,7 @@ class Server:
                 self.stop()
                 pytest.fail(f"{self.name} did not answer within {STARTUP:.0f} s{self.status()}")
             time.sleep(0.01)
-        self.answered_at = time.monotonic()
-        return self.answered_at
+        return time.monotonic()
 
     def stop(self) -> None:
         """End the server (its ``stop_signal``; SIGKILL past ``SHUTDOWN`` seconds) and
@@ -166,17 +163,27 @@ class PostgresServer(Server):
         found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
         if not found:
             unavailable("PostgreSQL's initdb is not installed (/usr/lib/postgresql/*/bin)")
+        if _ROOT:  # PostgreSQL refuses to run as root
+            try:
+                pwd.getpwnam(self.user)
+            except KeyError:
+                unavailable(f"no OS user {self.user!r} to run PostgreSQL as")
         self.bin = Path(found[-1]).parent
         super().__init__()
         data = self.dir / "data"
         initdb = [self.bin / "initdb", "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8"]
-        subprocess.run(
-            [*initdb, "--no-sync", "--no-instructions"],
-            check=True,
-            capture_output=True,
-            user=self.user if _ROOT else None,
-            timeout=STARTUP,
-        )
+        try:
+            subprocess.run(
+                [*initdb, "--no-sync", "--no-instructions"],
+                check=True,
+                capture_output=True,
+                user=self.user if _ROOT else None,
+                timeout=STARTUP,
+            )
+        except subprocess.SubprocessError as exc:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            output = getattr(exc, "stderr", None) or b""
+            pytest.fail(f"initdb failed: {exc}\n{output.decode(errors='replace')}")
 
     @property
     def url(self) -> str:
