@@ -1,94 +1,327 @@
-"""Throwaway servers that tests start, break and stop themselves, on free loopback ports.
+"""Throwaway servers for the tests that break or route around one: a PostgreSQL cluster
+made by ``initdb``, a ``redis-server``, a ``memcached`` and a PgBouncer in front of a
+PostgreSQL server, each a child process of the test listening on a free loopback port,
+stopped and started again on that same port, and killed at the end whatever happened
+(the machine's shared servers are never touched).
 
-The machine's shared services are never stopped, restarted or wiped: a test that needs a
-server to misbehave starts its own here.
+A server is started with ``setpriv --pdeathsig`` where that exists, so it dies with the
+*thread* that started it even if the test process is killed: start and restart servers
+from the test's own thread, never from a helper thread that ends first.
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
+import pwd
 import shutil
+import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
+import redis
+from pymemcache.client.base import Client as MemcacheClient
 from sqlalchemy.engine import make_url
 
 from conftest import CI
 
-DEADLINE = 30.0  # seconds a server may take to answer
+STARTUP = 30.0  # seconds a server may take to answer (PostgreSQL replays its WAL)
+SHUTDOWN = 15.0  # seconds a server may take to exit before it is SIGKILLed
+_ROOT = os.geteuid() == 0
 
 
-def need_program(name: str) -> str:
-    """The path of program ``name``; skips the test without it (fails under CI=true)."""
-    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/local/sbin")
-    if path is None:
-        reason = f"{name} is not installed (.ci/run installs it with apt)"
-        if CI:
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return path
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on now."""
+def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        return int(sock.getsockname()[1])
 
 
-def wait_for_port(port: int, process: subprocess.Popen[bytes], log: Path) -> None:
-    """Return once ``port`` accepts connections; fail the test, with the server's log, if
-    ``process`` exits or ``DEADLINE`` passes first."""
-    deadline = time.monotonic() + DEADLINE
-    while True:
+def unavailable(reason: str) -> None:
+    """Skip the calling test (fail it under CI=true) for a missing server binary."""
+    if CI:
+        pytest.fail(f"required in CI: {reason}")
+    pytest.skip(reason)
+
+
+class Server:
+    """One server process on 127.0.0.1:``port``, with its files in a temporary directory.
+
+    ``start()`` returns once the server answers (that moment, ``time.monotonic()``),
+    ``stop()`` ends it (``stop_signal``; SIGKILL past ``SHUTDOWN`` seconds), ``restart()``
+    does both on the same port, ``up()`` starts it if it is not running, ``close()`` ends
+    it and removes its files.
+    """
+
+    name = "server"
+    stop_signal = signal.SIGKILL
+    user: str | None = None  # run as this OS user when the tests run as root
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix=f"shardkit-{self.name}-"))
+        if self.user and _ROOT:
+            shutil.chown(self.dir, self.user)
+        self.port = _free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        raise NotImplementedError
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def answers(self) -> bool:
+        """Whether the server answers a request now (one probe, failing fast)."""
+        raise NotImplementedError
+
+    @property
+    def log(self) -> Path:
+        return self.dir / f"{self.name}.log"
+
+    def status(self) -> str:
+        """The end of the server's log, for failure messages."""
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
+            return "\n" + self.log.read_text(errors="replace")[-3000:]
         except OSError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"the server on port {port} did not start:\n{log.read_text()[-2000:]}")
-        time.sleep(0.02)
+            return ""
+
+    def start(self) -> float:
+        """Start the server and wait until it answers; return that moment."""
+        assert self.process is None or self.process.poll() is not None, "already running"
+        prefix = []
+        if shutil.which("setpriv"):
+            prefix = ["setpriv", f"--pdeathsig={signal.Signals(self.stop_signal).name[3:]}"]
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                [*prefix, *self.command()],
+                cwd=self.dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                user=self.user if self.user and _ROOT else None,
+                start_new_session=True,  # a ^C of the test run is not sent to it
+            )
+        deadline = time.monotonic() + STARTUP
+        while not self.answers():
+            if self.process.poll() is not None:
+                pytest.fail(f"{self.name} exited with {self.process.returncode}{self.status()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                pytest.fail(f"{self.name} did not answer within {STARTUP:.0f} s{self.status()}")
+            time.sleep(0.01)
+        return time.monotonic()
+
+    def stop(self) -> None:
+        """End the server (its ``stop_signal``; SIGKILL past ``SHUTDOWN`` seconds) and
+        wait until it has exited."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(self.stop_signal)
+        try:
+            process.wait(SHUTDOWN)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+    def up(self) -> Server:
+        """This server, started again if it is not running."""
+        if self.process is None or self.process.poll() is not None:
+            self.start()
+        return self
+
+    def restart(self) -> float:
+        """Stop the server and start it again on the same port; return when it answered."""
+        self.stop()
+        return self.start()
+
+    def close(self) -> None:
+        self.stop()
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):  # anything it left in its session
+                os.killpg(self.process.pid, signal.SIGKILL)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _as_postgres_user(folder: Path) -> list[str]:
-    """Servers that refuse to run as root (PostgreSQL's, PgBouncer) switch to ``postgres``."""
-    if os.geteuid() != 0:
-        return []
-    shutil.chown(folder, "postgres")
-    return ["-u", "postgres"]
+class PostgresServer(Server):
+    """A cluster of its own (``initdb``, trust authentication, user ``postgres``), its
+    socket in its directory. Stopped by immediate shutdown (SIGQUIT: backends die at
+    once, the next start replays the WAL, as after a crash); ``fsync`` is off, since
+    only the server process dies, never the machine."""
+
+    name = "postgres"
+    stop_signal = signal.SIGQUIT
+    user = "postgres"
+
+    def __init__(self) -> None:
+        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+        if not found:
+            unavailable("PostgreSQL's initdb is not installed (/usr/lib/postgresql/*/bin)")
+        if _ROOT:  # PostgreSQL refuses to run as root
+            try:
+                pwd.getpwnam(self.user)
+            except KeyError:
+                unavailable(f"no OS user {self.user!r} to run PostgreSQL as")
+        self.bin = Path(found[-1]).parent
+        super().__init__()
+        data = self.dir / "data"
+        initdb = [self.bin / "initdb", "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8"]
+        try:
+            subprocess.run(
+                [*initdb, "--no-sync", "--no-instructions"],
+                check=True,
+                capture_output=True,
+                user=self.user if _ROOT else None,
+                timeout=STARTUP,
+            )
+        except subprocess.SubprocessError as exc:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            output = getattr(exc, "stderr", None) or b""
+            pytest.fail(f"initdb failed: {exc}\n{output.decode(errors='replace')}")
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def command(self) -> list[str]:
+        return [
+            str(self.bin / "postgres"),
+            *("-D", str(self.dir / "data"), "-p", str(self.port), "-k", str(self.dir)),
+            *("-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"),
+            *("-c", "max_connections=40", "-c", "shared_buffers=16MB"),
+        ]
+
+    def answers(self) -> bool:
+        try:
+            with psycopg.connect(self.url.replace("+psycopg", ""), connect_timeout=2) as conn:
+                conn.execute("SELECT 1")
+            return True
+        except psycopg.Error:
+            return False
 
 
-@contextmanager
-def pgbouncer(postgres_url: str, folder: Path, *, pool_mode: str = "transaction") -> Iterator[str]:
-    """A PgBouncer in ``pool_mode`` in front of the server of ``postgres_url`` (any database
-    on it, trusted); yields the same URL through PgBouncer."""
-    program = need_program("pgbouncer")
-    url = make_url(postgres_url)
-    port = free_port()
-    (folder / "users.txt").write_text(f'"{url.username}" ""\n')
-    (folder / "pgbouncer.ini").write_text(
-        f"[databases]\n* = host={url.host} port={url.port or 5432}\n"
-        f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
-        f"auth_type = trust\nauth_file = {folder / 'users.txt'}\npool_mode = {pool_mode}\n"
-        "max_client_conn = 500\ndefault_pool_size = 20\n"
-    )
-    log = folder / "pgbouncer.log"
-    switch = _as_postgres_user(folder)
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [program, *switch, str(folder / "pgbouncer.ini")], stdout=out, stderr=out
+class RedisServer(Server):
+    """redis-server without persistence: a restart loses every key, as a cache may."""
+
+    name = "redis"
+
+    def __init__(self) -> None:
+        if not shutil.which("redis-server"):
+            unavailable("redis-server is not installed")
+        super().__init__()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def command(self) -> list[str]:
+        return [
+            "redis-server",
+            *("--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir)),
+            *("--save", "", "--appendonly", "no", "--daemonize", "no"),
+        ]
+
+    def answers(self) -> bool:
+        client = redis.Redis(port=self.port, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+
+
+class MemcachedServer(Server):
+    """memcached: a restart loses every key."""
+
+    name = "memcached"
+
+    def __init__(self) -> None:
+        if not shutil.which("memcached"):
+            unavailable("memcached is not installed")
+        super().__init__()
+
+    @property
+    def url(self) -> str:
+        return f"memcached://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        root = ["-u", "root"] if _ROOT else []
+        return ["memcached", *root, "-l", "127.0.0.1", "-p", str(self.port), "-U", "0"]
+
+    def answers(self) -> bool:
+        client = MemcacheClient(("127.0.0.1", self.port), connect_timeout=2, timeout=2)
+        try:
+            client.version()
+            return True
+        except Exception:  # pymemcache has errors of its own beside OSError
+            return False
+        finally:
+            client.close()
+
+
+class PgBouncerServer(Server):
+    """PgBouncer (Debian's package) in front of the PostgreSQL server of ``upstream``,
+    any database on it, trusted, in ``pool_mode``; ``url`` is ``upstream`` through it."""
+
+    name = "pgbouncer"
+    stop_signal = signal.SIGTERM
+    user = "postgres"  # PgBouncer refuses to run as root
+
+    def __init__(self, upstream: str, pool_mode: str = "transaction") -> None:
+        program = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
+        if program is None:
+            unavailable("pgbouncer is not installed (.ci/run installs it with apt)")
+        if _ROOT:
+            try:
+                pwd.getpwnam(self.user)
+            except KeyError:
+                unavailable(f"no OS user {self.user!r} to run PgBouncer as")
+        self.program = str(program)
+        self.upstream = make_url(upstream)
+        super().__init__()
+        users = self.dir / "users.txt"
+        users.write_text(f'"{self.upstream.username}" ""\n')
+        (self.dir / "pgbouncer.ini").write_text(
+            f"[databases]\n* = host={self.upstream.host} port={self.upstream.port or 5432}\n"
+            f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {self.port}\n"
+            f"unix_socket_dir =\nauth_type = trust\nauth_file = {users}\n"
+            f"pool_mode = {pool_mode}\nmax_client_conn = 500\ndefault_pool_size = 20\n"
         )
+
+    @property
+    def url(self) -> str:
+        return self.upstream.set(port=self.port).render_as_string(hide_password=False)
+
+    def command(self) -> list[str]:
+        return [self.program, str(self.dir / "pgbouncer.ini")]
+
+    def answers(self) -> bool:
+        dsn = make_url(self.url).set(drivername="postgresql").render_as_string(False)
+        try:
+            with psycopg.connect(dsn, connect_timeout=2, autocommit=True) as conn:
+                conn.execute("SELECT 1")
+            return True
+        except psycopg.Error:
+            return False
+
+
+@contextlib.contextmanager
+def running(kind: type[Server], *args: Any) -> Iterator[Server]:
+    """A started server of ``kind`` (made with ``args``), ended and removed when the block
+    exits, however."""
+    server = kind(*args)
     try:
-        wait_for_port(port, process, log)
-        yield url.set(port=port).render_as_string(hide_password=False)
+        server.start()
+        yield server
     finally:
-        process.kill()
-        process.wait(DEADLINE)
+        server.close()

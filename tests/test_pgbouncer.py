@@ -24,7 +24,7 @@ from click.testing import CliRunner
 
 import shardkit
 from conftest import CACHE_URLS, PREFIX, STORE_URLS, require, run_together
-from servers import pgbouncer
+from servers import PgBouncerServer, running
 from shardkit.cli import main
 from shardkit.mapper import Batch
 from shardkit.store.sql import _POOLED, SqlStore
@@ -35,13 +35,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def bouncer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def bouncer() -> Iterator[str]:
     """The test server's URL through a PgBouncer in transaction pooling mode."""
     direct = STORE_URLS["postgres"]
     assert direct is not None
     require(direct)
-    with pgbouncer(direct, tmp_path_factory.mktemp("pgbouncer")) as url:
-        yield url
+    with running(PgBouncerServer, direct) as server:
+        yield server.url
 
 
 @pytest.fixture(params=["memory", "redis"])

@@ -38,10 +38,15 @@ class MemcachedCache:
 
     def __init__(self, client: Any, *, url: str = "memcached://", servers: list[str] | None = None):
         # Imported once, not on every call: given a pymemcache client, pymemcache is there.
-        from pymemcache.exceptions import MemcacheClientError, MemcacheError
+        from pymemcache.exceptions import (
+            MemcacheClientError,
+            MemcacheError,
+            MemcacheUnexpectedCloseError,
+        )
 
         self._failed: type[Exception] = MemcacheError
         self._refused: type[Exception] = MemcacheClientError
+        self._closed: type[Exception] = MemcacheUnexpectedCloseError  # the server went away
         self._client = client
         self._servers = servers
         self.url = url
@@ -68,8 +73,9 @@ class MemcachedCache:
     def _call(self, action: str, method: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return method(*args, **kwargs)
-        except OSError as exc:
-            raise BackendUnavailable(f"cannot reach the cache at {self.url}: {exc}") from exc
+        except (OSError, self._closed) as exc:
+            detail = str(exc) or "the server closed the connection"
+            raise BackendUnavailable(f"cannot reach the cache at {self.url}: {detail}") from exc
         except self._failed as exc:
             raise BackendError(f"cache {self.url} failed while {action}: {exc}") from exc
 

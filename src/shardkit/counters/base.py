@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from shardkit._failures import FailureLog
 from shardkit.cache.base import Cache
 from shardkit.errors import BackendError
 from shardkit.store.base import Store
@@ -27,6 +28,8 @@ class CounterSettings:
     key_retention: float = 86400.0
     """Seconds an idempotency key is kept at least."""
     random: Callable[[], float] = field(default=random.random)
+    failures: FailureLog = field(default_factory=FailureLog, compare=False, repr=False)
+    """Where the kit's counters log failures that do not fail their call, rate-limited."""
 
     @cached_property
     def namespace(self) -> str:
@@ -39,8 +42,13 @@ class CounterSettings:
 
     def best_effort(self, action: str, call: Callable[[], object]) -> None:
         """Run a backend call whose failure must not fail the caller (the write it follows
-        has happened already: raising would invite a doubled retry); log the failure."""
+        has happened already: raising would invite a doubled retry); log the failure
+        (``failures``: the first of an outage, then a count now and then)."""
         try:
             call()
         except BackendError as exc:
-            log.warning("failed while %s (the call itself succeeded): %s", action, exc)
+            self.failures.failed(
+                action, "failed while %s (the call itself succeeded): %s", action, exc
+            )
+        else:
+            self.failures.worked(action)

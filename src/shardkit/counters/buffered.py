@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from shardkit.counters.base import CounterSettings, log
+from shardkit.counters.base import CounterSettings
 from shardkit.errors import BackendError, InvalidDelta, ShardkitError
 from shardkit.executor.base import Executor
 from shardkit.store.base import RETIRED, CounterInfo, Flushed
@@ -42,6 +42,8 @@ _BATCH = 500
 # A generation's keys start here: a cache that lost one and re-created it on an increment
 # shows a value far below. Leaves 2**62 - 1 for each sum (memcached adds its own 2**63).
 _BASE = 2**62
+# The kind of failure that an increment rides out (logged by the kit's FailureLog).
+_SCHEDULE = "scheduling a flush"
 
 
 class Parts(NamedTuple):
@@ -170,6 +172,7 @@ class BufferedCounter:
             return
         self._scheduled = (os.getpid(), number)
         delay = (number + 1) * self.interval - now
+        failures = self._settings.failures
         try:
             self._executor.submit(
                 "flush",
@@ -182,9 +185,12 @@ class BufferedCounter:
             # The increment has counted: failing the call now would invite a doubled
             # retry. The next increment tries again.
             self._scheduled = None
-            log.warning(
-                "%s could not schedule a flush of %r: %s", self._executor.url, self.name, exc
+            url = self._executor.url
+            failures.failed(
+                _SCHEDULE, "%s could not schedule a flush of %r: %s", url, self.name, exc
             )
+        else:
+            failures.worked(_SCHEDULE)
 
     # -- flushes -----------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ each process has its own block: ids increase within the process.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -108,26 +109,37 @@ class IdAllocator:
                 return False
             claim = self._settings.cache_key(self.name, f"ids:claim:{spent}")
             if not cache.add(claim, 1, _CLAIM_WAIT * 2):
-                newer = self._wait_for_newer(spent)
+                newer = self._wait_for_newer(spent, claim)
                 if newer is not None:
                     self._adopt(newer)
                     return False
             lost = bool(spent) and cache.get(self._key_of(spent)) is None
-            self._start()
+            try:
+                self._start()
+            except BackendError:
+                # No block is coming from this claim (the store is down, most likely):
+                # release it, so that the others try for themselves instead of waiting.
+                with contextlib.suppress(BackendError):
+                    cache.delete(claim)
+                raise
             if spent:
                 cache.delete(self._key_of(spent))  # used up or lost: nobody needs it
             return lost
 
-    def _wait_for_newer(self, spent: int) -> int | None:
-        """The generation after ``spent`` once its claimer publishes it; None if none
-        shows within ``_CLAIM_WAIT`` seconds."""
+    def _wait_for_newer(self, spent: int, claim: str) -> int | None:
+        """The generation after ``spent`` once the holder of ``claim`` publishes it; None
+        if it releases the claim without one, or if none shows within ``_CLAIM_WAIT``
+        seconds."""
         cache = self._settings.cache
         deadline = time.monotonic() + _CLAIM_WAIT
         pause = 0.0005
         while time.monotonic() < deadline:
-            pointer = cache.get(self._pointer_key)
+            found = cache.get_many([self._pointer_key, claim])
+            pointer = found.get(self._pointer_key)
             if pointer is not None and pointer > spent:
                 return pointer
+            if claim not in found:
+                return None
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
         return None

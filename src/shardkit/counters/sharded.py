@@ -7,7 +7,7 @@ import random
 import threading
 import time
 
-from shardkit.counters.base import CounterSettings, log
+from shardkit.counters.base import CounterSettings
 from shardkit.errors import BackendError
 from shardkit.store.base import CounterInfo
 from shardkit.validation import check_delta, check_name, check_shards
@@ -16,6 +16,9 @@ from shardkit.validation import check_delta, check_name, check_shards
 _SHARDS_REFRESH = 10.0
 # A keyed write purges expired idempotency keys with this probability.
 _PURGE_CHANCE = 1 / 1000
+# Kinds of cache failures that the counter rides out (logged by the kit's FailureLog).
+_TICKET = "taking a shard ticket"
+_READ = "reading a cached value"
 
 
 class ShardedCounter:
@@ -104,13 +107,15 @@ class ShardedCounter:
         """A number unique among this counter's writers while the cache keeps it; the
         first writer seeds it at random so that private (per-process) caches still
         spread their processes over the shards."""
-        cache = self._settings.cache
+        cache, failures = self._settings.cache, self._settings.failures
         try:
             cache.add(self._ticket_key, random.randrange(1 << 30), 86400)
             ticket = cache.incr(self._ticket_key, 1)
         except BackendError as exc:
-            log.warning("cache %s failed while taking a shard ticket: %s", cache.url, exc)
+            failures.failed(_TICKET, "cache %s failed while %s: %s", cache.url, _TICKET, exc)
             ticket = None
+        else:
+            failures.worked(_TICKET)
         return random.randrange(1 << 30) if ticket is None else ticket
 
     def _refresh_shards(self) -> None:
@@ -145,8 +150,11 @@ class ShardedCounter:
             try:
                 cached = settings.cache.get(self._value_key)
             except BackendError as exc:
-                log.warning("cache %s failed while reading: %s", settings.cache.url, exc)
+                url = settings.cache.url
+                settings.failures.failed(_READ, "cache %s failed while %s: %s", url, _READ, exc)
                 cached = None
+            else:
+                settings.failures.worked(_READ)
             if cached is not None:
                 return cached
         total = settings.store.total(self.name)

@@ -13,6 +13,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
+from shardkit._failures import FailureLog
 from shardkit._fork import reset_in_child
 from shardkit.errors import ConfigurationError, ShardkitError
 from shardkit.executor.base import Marks, Task
@@ -46,6 +47,7 @@ class LocalExecutor:
         self.url = f"local://?workers={workers}"
         self._tasks: Mapping[str, Task] = {}
         self._marks: Marks | None = None
+        self._failures = FailureLog(log)
         self._reset()
         reset_in_child(self, LocalExecutor._reset)
         _OPEN.add(self)
@@ -142,9 +144,12 @@ class LocalExecutor:
         try:
             self._tasks[task](args)
         except ShardkitError as exc:
-            log.warning("background task %s%s failed: %s", task, dict(args), exc)
+            # A backend that is down fails every task: an outage, logged as one.
+            self._failures.failed(task, "background task %s%s failed: %s", task, dict(args), exc)
         except Exception:
             log.exception("background task %s%s failed", task, dict(args))
+        else:
+            self._failures.worked(task)
 
     def close(self) -> None:
         with self._lock:

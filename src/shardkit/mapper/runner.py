@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy.engine import Connection
 
+from shardkit._failures import FailureLog
 from shardkit.errors import ConfigurationError, JobNotFound, ShardkitError
 from shardkit.executor import Executor, LocalExecutor
 from shardkit.mapper.job import Batch, Completion, Job
@@ -51,6 +52,7 @@ _SAMPLE_PER_CHILD = 16  # split points drawn per child (a sample's quantiles)
 _MAX_SAMPLE = 20_000
 _RETRY_DELAY = 0.05  # seconds before the first retry of a failed range; doubles
 _MAX_RETRY_DELAY = 30.0
+_UNRECORDED = "mapping ranges"  # a kind of failure: those the store could not record
 
 _Children = list[Child]
 
@@ -89,6 +91,8 @@ class Mapper:
         self._specs: dict[str, MapSpec] = {}
         self._lock = threading.Lock()
         self._news = threading.Condition()  # notified when this mapper finishes a job
+        self._unrecorded: dict[tuple[str, str], int] = {}  # failures the store missed
+        self._failures = FailureLog(log)
         self._finished = 0  # how many times it has
 
     # -- news for waiters ----------------------------------------------------------------
@@ -214,9 +218,17 @@ class Mapper:
                     self._submit(job, step.children)
                 if step.complete:
                     self._complete(job, spec)
+                self._ran(job, range_id)
                 return
         except Exception as exc:
             self._failed(job, range_id, exc)
+
+    def _ran(self, job: str, range_id: str) -> None:
+        """A run of the range ended well: forget its failures that the store missed."""
+        if self._unrecorded:  # unlocked: empty unless the store was unreachable
+            with self._lock:
+                self._unrecorded.pop((job, range_id), None)
+        self._failures.worked(_UNRECORDED)
 
     def _estimate(self, job: str, spec: MapSpec) -> None:
         """Record the source's row count as the job's estimated total, once."""
@@ -392,8 +404,27 @@ class Mapper:
             log.info("job %s: range %s failed (%s), retry in %.2f s", job, range_id, error, delay)
             self._submit(job, [range_id], delay)
         except ShardkitError as again:
+            self._retry_unrecorded(job, range_id, error, again)
+
+    def _retry_unrecorded(self, job: str, range_id: str, error: str, again: Exception) -> None:
+        """A failure the store could not record (it is down, most likely): retry the range
+        all the same, after a delay doubling with each such failure of it in this process,
+        so that the job goes on by itself once the store answers. Outside the ledger's
+        count: a store that stays down is retried every ``_MAX_RETRY_DELAY`` seconds."""
+        with self._lock:
+            unrecorded = self._unrecorded.get((job, range_id), 0) + 1
+            self._unrecorded[job, range_id] = unrecorded
+        delay = min(_MAX_RETRY_DELAY, _RETRY_DELAY * 2 ** (unrecorded - 1))
+        self._failures.failed(
+            _UNRECORDED,
+            "job %s: range %s failed (%s), and recording that failed (%s); retry in %.2f s",
+            *(job, range_id, error, again, delay),
+        )
+        try:
+            self._submit(job, [range_id], delay)
+        except ShardkitError as lost:
             # Left pending in the ledger: Job.resume() or a redelivery picks it up.
-            log.warning("job %s: range %s failed (%s) and %s", job, range_id, error, again)
+            log.warning("job %s: range %s cannot be retried: %s", job, range_id, lost)
 
 
 def split_points(sample: Sample, size: int, fanout: int, page_size: int) -> list[Key]:

@@ -16,7 +16,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
@@ -367,10 +367,14 @@ class SqlStore:
 
     # -- errors ------------------------------------------------------------------------
 
-    def _error(self, exc: Exception, action: str) -> BackendError:
+    def _error(self, exc: Exception, action: str, *, lost: bool = False) -> BackendError:
+        """The ``BackendError`` for a failure of the store; ``BackendUnavailable`` when the
+        connection was ``lost`` (or SQLAlchemy found it so) or could not be made. A lost
+        connection means the server went away: the held connections are dropped too."""
         text = _urls.scrub(str(getattr(exc, "orig", None) or exc), self.engine.url.password)
         detail = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-        if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        if lost or (isinstance(exc, DBAPIError) and exc.connection_invalidated):
+            self._drop_held()
             return BackendUnavailable(f"lost the store at {self.url} while {action}: {detail}")
         if isinstance(exc, sa.exc.OperationalError) and "connect" in detail.lower():
             return BackendUnavailable(f"cannot reach the store at {self.url}: {detail}")
@@ -526,11 +530,20 @@ class SqlStore:
                 info[self._fast_add] = run
             run(params)
         except Exception as exc:
+            dialect = self.engine.dialect
+            failed = isinstance(exc, dialect.loaded_dbapi.Error)
+            dbapi_conn = conn.connection.dbapi_connection
+            lost = failed and dialect.is_disconnect(cast(Any, exc), dbapi_conn, None)
+            if lost:
+                # What SQLAlchemy does when its own statements meet a disconnect: the
+                # pool replaces, at checkout, every connection opened before now (all
+                # dead, after a restart), so only this call fails, not one per connection.
+                self.engine.pool._invalidate(conn.connection, exc, _checkin=False)
             conn.invalidate()
             conn.close()
-            dbapi_error = self.engine.dialect.loaded_dbapi.Error
-            if isinstance(exc, dbapi_error):
-                raise self._error(exc, f"adding to counter {params['p_name']!r}") from exc
+            if failed:
+                action = f"adding to counter {params['p_name']!r}"
+                raise self._error(exc, action, lost=lost) from exc
             raise
         if self._held.qsize() < self._max_held:
             self._held.put(conn)
@@ -691,6 +704,16 @@ class SqlStore:
         return self.transaction(
             "purging idempotency keys", lambda conn: int(conn.execute(statement).rowcount)
         )
+
+    def _drop_held(self) -> None:
+        """Invalidate and let go of the held connections (they died with the server)."""
+        while True:
+            try:
+                conn = self._held.get_nowait()
+            except queue.Empty:
+                return
+            conn.invalidate()
+            conn.close()
 
     def close(self) -> None:
         while True:
