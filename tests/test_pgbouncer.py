@@ -147,7 +147,7 @@ def test_a_map_through_pgbouncer_visits_every_row(kit: shardkit.Kit, transaction
 
 
 def test_the_command_line_through_pgbouncer(bouncer: str) -> None:
-    name = f"test:pgb:cli:{uuid.uuid4().hex}"
+    name = f"pgb:{uuid.uuid4().hex[:8]}"  # short: the list is a table, 80 columns wide
     runner = CliRunner()
 
     def run(*args: str) -> str:
