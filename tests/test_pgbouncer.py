@@ -187,6 +187,7 @@ def test_the_django_app_through_pgbouncer(bouncer: str, tmp_path: Path) -> None:
         "-k",
         "postgres",
         "examples/django_site/tests/test_django_counts.py",
+        "examples/django_site/tests/test_django_mapping.py",
     ]
     try:
         done = subprocess.run(
