@@ -4,12 +4,15 @@ that are equal under the collation. Every row is visited exactly once.
 
 PostgreSQL databases are created here, from template0 with the collation under test, and
 dropped at the end (unique names: leftovers of a killed run are never reused). The libc
-``en_US.UTF-8`` one is skipped where the server has no such locale.
+``en_US.UTF-8`` one lives on a throwaway server of the tests' own: a server loads the
+machine's libc locales when it starts, so only one started after the locale was
+generated (``.ci/run`` generates it) can use it.
 """
 
 from __future__ import annotations
 
 import random
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,6 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import PREFIX, SESSION, STORE_URLS, Target, require, store_url_for
+from servers import PostgresServer, unavailable
 from shardkit.mapper import Batch, TableSource
 from shardkit.store.sql import SqlStore
 from test_mapper import UnsampledSource
@@ -72,7 +76,8 @@ class Databases:
         self.urls: dict[str, str] = {}
         self.made: list[str] = []
         self._postgres = STORE_URLS["postgres"] or ""
-        self._admin_engine: sa.Engine | None = None
+        self._admins: dict[str, sa.Engine] = {}  # by server URL
+        self._own: PostgresServer | None = None  # the en_US one
 
     def url(self, name: str) -> str:
         if name not in self.urls:
@@ -82,20 +87,18 @@ class Databases:
     def _make(self, name: str) -> str:
         if name in ("sqlite", "mariadb"):  # the kits' tables there are the session's
             return store_url_for("mysql" if name == "mariadb" else name, self.sqlite_url)
-        require(self._postgres)
+        server = self._own_server() if name == "postgres-en_US" else self._postgres
+        require(server)
         database = f"sk_{name.split('-')[1].lower()}_{SESSION}_{uuid.uuid4().hex[:6]}"
-        with self._admin().connect() as conn:
-            try:
-                conn.exec_driver_sql(
-                    f"CREATE DATABASE {database} TEMPLATE template0 ENCODING 'UTF8' "
-                    + _PG_LOCALES[name]
-                )
-            except sa.exc.DBAPIError as exc:
-                if "en_US" in name and "locale" in str(exc):  # not installed on this machine
-                    pytest.skip(f"PostgreSQL cannot use the locale en_US.UTF-8: {exc.orig}")
-                raise
-        self.made.append(database)
-        url = sa.make_url(self._postgres).set(database=database).render_as_string(False)
+        admin = self._admin(server)
+        with admin.connect() as conn:
+            conn.exec_driver_sql(
+                f"CREATE DATABASE {database} TEMPLATE template0 ENCODING 'UTF8' "
+                + _PG_LOCALES[name]
+            )
+        if server == self._postgres:
+            self.made.append(database)
+        url = sa.make_url(server).set(database=database).render_as_string(False)
         if name == "postgres-icu":
             engine = sa.create_engine(url)
             with engine.begin() as conn:
@@ -103,18 +106,29 @@ class Databases:
             engine.dispose()
         return url
 
-    def _admin(self) -> sa.Engine:
-        if self._admin_engine is None:
-            self._admin_engine = sa.create_engine(self._postgres, isolation_level="AUTOCOMMIT")
-        return self._admin_engine
+    def _own_server(self) -> str:
+        if self._own is None:
+            found = subprocess.run(["locale", "-a"], capture_output=True, text=True).stdout
+            if "en_US.utf8" not in found.split():
+                unavailable("the en_US.UTF-8 locale is not generated (.ci/run generates it)")
+            self._own = PostgresServer()
+            self._own.start()
+        return self._own.url
+
+    def _admin(self, server: str) -> sa.Engine:
+        if server not in self._admins:
+            self._admins[server] = sa.create_engine(server, isolation_level="AUTOCOMMIT")
+        return self._admins[server]
 
     def drop(self) -> None:
-        if self._admin_engine is None:
-            return
-        with self._admin_engine.connect() as conn:
-            for database in self.made:
-                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
-        self._admin_engine.dispose()
+        if self.made:
+            with self._admin(self._postgres).connect() as conn:
+                for database in self.made:
+                    conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+        for engine in self._admins.values():
+            engine.dispose()
+        if self._own is not None:
+            self._own.close()  # its databases go with it
 
 
 @pytest.fixture(scope="module")
