@@ -68,6 +68,28 @@ def test_a_pooled_connection_is_told_from_a_direct_one(kit: shardkit.Kit) -> Non
     assert pooled(kit) == {True}
 
 
+def test_a_statement_deallocated_under_the_hot_path_is_prepared_again(name: str) -> None:
+    """psycopg runs DEALLOCATE ALL when it rolls back a transaction after preparing
+    statements of its own; the hot path's prepared upsert is then prepared again."""
+    direct = STORE_URLS["postgres"]
+    assert direct is not None
+    require(direct)
+    with shardkit.connect(direct, "memory://", prefix=PREFIX) as kit:
+        counter = kit.sharded(name, shards=2)
+        assert counter.incr() is True  # prepared on the connection the store holds
+        store = kit.store
+        assert isinstance(store, SqlStore)
+        held = []
+        while not store._held.empty():
+            held.append(store._held.get_nowait())
+        assert held
+        for conn in held:
+            conn.exec_driver_sql("DEALLOCATE ALL")
+            store._held.put(conn)
+        assert counter.incr() is True
+        assert counter.value(fresh=True) == 2
+
+
 def test_every_counter_kind_counts_exactly_through_pgbouncer(kit: shardkit.Kit) -> None:
     tag = uuid.uuid4().hex
     sharded = kit.sharded(f"test:pgb:sharded:{tag}", shards=4)

@@ -39,10 +39,8 @@ from shardkit.validation import MAX_NAME_LENGTH
 _T = TypeVar("_T")
 _Merge = Callable[[Any, Any], Any]  # (existing column, incoming value) -> new value
 _DEADLOCK_RETRIES = 5
-# Keys of a pooled connection's ``info``: whether it goes through a pooler, and the
-# statements prepared in its server session.
+# Key of a pooled connection's ``info``: whether it goes through a pooler.
 _POOLED = "shardkit.pooled"
-_PREPARED = "shardkit.prepared"
 
 # URL scheme -> (the driver SQLAlchemy should use, the extra that installs it).
 _DRIVERS = {
@@ -166,25 +164,19 @@ class _Compiled:
             return values
         return tuple(values[key] for key in self.order)
 
-    def runner(
-        self, dbapi_connection: Any, info: dict[Any, Any]
-    ) -> Callable[[Mapping[str, Any]], object]:
-        """A function that runs the statement on ``dbapi_connection`` (whose pool record's
-        ``info`` is given), to keep with it."""
+    def runner(self, dbapi_connection: Any) -> Callable[[Mapping[str, Any]], object]:
+        """A function that runs the statement on ``dbapi_connection``, to keep with it."""
         if self._libpq:
-            return self._libpq_runner(dbapi_connection, info)
+            return self._libpq_runner(dbapi_connection)
         cursor = dbapi_connection.cursor()
         sql, params = self.sql, self.params
         return lambda values: cursor.execute(sql, params(values))
 
-    def _libpq_runner(
-        self, conn: Any, info: dict[Any, Any]
-    ) -> Callable[[Mapping[str, Any]], object]:
+    def _libpq_runner(self, conn: Any) -> Callable[[Mapping[str, Any]], object]:
         """psycopg: call libpq directly, skipping the cursor machinery (a third of the
-        client's CPU per write). On a direct connection the statement is prepared once
-        per server session, under a name derived from its text; through a transaction
-        pooler (``prepare_threshold`` None, see ``_detect_pooler``) it is sent whole each
-        time, as an unnamed statement."""
+        client's CPU per write). On a direct connection the statement runs prepared, under
+        a name derived from its text; through a transaction pooler (``prepare_threshold``
+        None, see ``_detect_pooler``) it is sent whole each time, as an unnamed statement."""
         from psycopg import errors, pq
 
         encoding: str = conn.info.encoding
@@ -212,14 +204,23 @@ class _Compiled:
 
         if conn.prepare_threshold is None:
             return lambda values: check(pgconn.exec_params(sql, text(values)))
-        # The record's info lives as long as the server session: a name prepared in it
-        # is there for every later store (and statement object) of the same text.
+        # Prepared when the session turns out not to have it: on first use, and after a
+        # DEALLOCATE ALL, which psycopg runs when it rolls back a transaction after
+        # preparing statements of its own. The failed call ran nothing: it is repeated.
+        # (Named by the text, so another store's statement never takes the name.)
         name = b"shardkit_" + hashlib.sha1(sql).hexdigest()[:16].encode()
-        prepared: set[bytes] = info.setdefault(_PREPARED, set())
-        if name not in prepared:
-            check(pgconn.prepare(name, sql))
-            prepared.add(name)
-        return lambda values: check(pgconn.exec_prepared(name, text(values)))
+        sqlstate = pq.DiagnosticField.SQLSTATE
+        missing = b"26000"  # invalid_sql_statement_name
+
+        def run(values: Mapping[str, Any]) -> None:
+            params = text(values)
+            result = pgconn.exec_prepared(name, params)
+            if result.error_field(sqlstate) == missing:
+                check(pgconn.prepare(name, sql))
+                result = pgconn.exec_prepared(name, params)
+            check(result)
+
+        return run
 
 
 def _detect_pooler(dbapi_connection: Any, record: Any, proxy: Any) -> None:
@@ -526,7 +527,7 @@ class SqlStore:
             info = conn.info
             run = info.get(self._fast_add)
             if run is None:
-                run = self._fast_add.runner(conn.connection.dbapi_connection, info)
+                run = self._fast_add.runner(conn.connection.dbapi_connection)
                 info[self._fast_add] = run
             run(params)
         except Exception as exc:
