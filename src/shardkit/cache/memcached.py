@@ -7,8 +7,8 @@ import hashlib
 import math
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import urlsplit
 
+from shardkit import _urls
 from shardkit._fork import reset_in_child
 from shardkit.cache.base import read_number
 from shardkit.errors import BackendError, BackendUnavailable, ConfigurationError, MissingDriver
@@ -49,15 +49,21 @@ class MemcachedCache:
         self._closed: type[Exception] = MemcacheUnexpectedCloseError  # the server went away
         self._client = client
         self._servers = servers
-        self.url = url
+        self.url = _urls.redact(url)
         reset_in_child(self, MemcachedCache._after_fork)
 
     @classmethod
     def from_url(cls, url: str) -> MemcachedCache:
-        parts = urlsplit(url)
+        """A cache on the servers of ``memcached://host:port[,host:port…]`` (no user or
+        password: memcached's text protocol has none)."""
+        parts = _urls.split(url, "cache")
         servers = [s for s in parts.netloc.split(",") if s]
-        if not servers or parts.path not in ("", "/") or parts.query:
-            raise ConfigurationError(f"a memcached URL is memcached://host:port, not {url!r}")
+        if not servers or parts.path not in ("", "/") or parts.query or "@" in parts.netloc:
+            raise ConfigurationError(
+                f"a memcached URL is memcached://host:port[,host:port…], not {_urls.redact(url)!r}"
+            )
+        for server in servers:
+            _urls.split(f"memcached://{server}", "cache")
         return cls(_pooled_client(servers), url=url, servers=servers)
 
     def _after_fork(self) -> None:
