@@ -24,12 +24,13 @@ def redact(url: str) -> str:
     return f"{scheme}://{user}:***@{host}{rest[end:]}"
 
 
-def split(url: str, what: str) -> SplitResult:
-    """``url`` parsed, with its port (if any) checked: a malformed URL or a port outside
-    1..65535 is a ``ConfigurationError`` naming the ``what`` URL without its password."""
+def split(url: str, what: str, *, ports: bool = True) -> SplitResult:
+    """``url`` parsed, with its port (if any, and if ``ports``) checked: a malformed URL or
+    a port outside 1..65535 is a ``ConfigurationError`` naming the ``what`` URL without
+    its password."""
     try:
         parts = urlsplit(url)
-        port = parts.port
+        port = parts.port if ports else None
     except ValueError as exc:
         raise ConfigurationError(f"bad {what} URL {redact(url)!r}: {exc}") from None
     if port == 0:

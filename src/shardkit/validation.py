@@ -30,7 +30,9 @@ def _seconds(value: object, what: str, low: float, high: float, *, zero: bool = 
     """``value`` as a float if it is a finite number of seconds (not a bool) in
     ``low..high`` (``0 < value`` when ``low`` is 0 unless ``zero``)."""
     number = not isinstance(value, bool) and isinstance(value, (int, float))
-    seconds = float(value) if number else math.nan  # type: ignore[arg-type]
+    seconds = math.nan
+    if number:  # an int too large for a float is out of range anyway
+        seconds = math.inf if value > high else float(value)  # type: ignore[operator,arg-type]
     if not (low <= seconds <= high and (seconds > 0 or zero)):
         above = f"≥ {low:g}" if low or zero else "> 0"
         raise ValidationError(

@@ -56,7 +56,7 @@ class MemcachedCache:
     def from_url(cls, url: str) -> MemcachedCache:
         """A cache on the servers of ``memcached://host:port[,host:port…]`` (no user or
         password: memcached's text protocol has none)."""
-        parts = _urls.split(url, "cache")
+        parts = _urls.split(url, "cache", ports=False)  # each server's is checked below
         servers = [s for s in parts.netloc.split(",") if s]
         if not servers or parts.path not in ("", "/") or parts.query or "@" in parts.netloc:
             raise ConfigurationError(
@@ -116,6 +116,11 @@ class MemcachedCache:
         for _ in range(_REWRITES):
             try:
                 value = method(encoded, abs(delta), noreply=False)
+                if value is not None and 0 <= int(value) < delta:
+                    # Wrapped past 2**64, so past signed 64-bit: undone (adding 2**64 -
+                    # delta subtracts delta, whatever raced), and refused, as Redis does.
+                    method(encoded, 2**64 - delta, noreply=False)
+                    raise BackendError(f"cache {self.url}: an increment would overflow")
                 return None if value is None else int(value) - _BIAS
             except self._refused as exc:
                 if _REFUSAL not in str(exc):
@@ -127,8 +132,9 @@ class MemcachedCache:
             if expire is None:
                 continue  # written since it was read
             value = read_number(self.url, stored) + delta
-            # As memcached's own: a decrement stops at 0, an increment wraps at 2**64.
-            value = max(value, 0) if delta < 0 else value % 2**64
+            if value >= 2**64:
+                raise BackendError(f"cache {self.url}: an increment would overflow")
+            value = max(value, 0)  # as memcached's own decrement, which stops at 0
             if self._client.cas(encoded, str(value).encode(), token, expire, noreply=False):
                 return value - _BIAS
         raise BackendError(f"cache {self.url} kept refusing to increment a key")
