@@ -162,7 +162,11 @@ def flush(context: Context, name: str | None, every: bool) -> None:
             raise shardkit.CounterKindMismatch(f"{name!r} is a {counter.kind} counter: no flush")
         moved = {name: counter.flush()}
     else:
-        moved = kit.flush_all()
+        try:
+            moved = kit.flush_all()
+        except shardkit.FlushFailed as exc:
+            _print_moved(exc.moved)
+            raise
     _print_moved(moved)
 
 
@@ -191,7 +195,14 @@ def worker(context: Context, interval: float, once: bool) -> None:
     try:
         while True:
             started = time.monotonic()
-            moved = kit.flush_all()
+            try:
+                moved = kit.flush_all()
+            except shardkit.FlushFailed as exc:
+                if once:
+                    _print_moved(exc.moved)
+                    raise
+                moved = exc.moved  # the failed ones are retried on the next round
+                err.print(f"[red]error:[/red] {exc}", markup=True, soft_wrap=True)
             if once:
                 _print_moved(moved)
                 return

@@ -21,7 +21,8 @@ class InvalidName(ValidationError):
 
 
 class InvalidDelta(ValidationError):
-    """A delta that is not an int (bools and floats included) or is outside signed 64-bit."""
+    """A delta that is not an int (bools and floats included), is outside signed 64-bit,
+    or is larger than the counter kind takes in one call (see each kind's ``incr``)."""
 
 
 class InvalidShardCount(ValidationError):
@@ -47,6 +48,23 @@ class CounterKindMismatch(ShardkitError):
 class BackendError(ShardkitError):
     """A store or cache operation failed. Whether a failed write was applied is unknown:
     retry it with the same idempotency key to make the retry safe."""
+
+
+class CounterOverflow(ShardkitError):
+    """A flush that would take a counter's stored value outside signed 64-bit: refused,
+    its pending increments kept where they were."""
+
+
+class FlushFailed(ShardkitError):
+    """Some counters could not be flushed; every other one was. ``failed`` maps each
+    failed counter's name to its error, ``moved`` is what the others moved (as
+    ``flush_all`` returns it)."""
+
+    def __init__(self, failed: dict[str, ShardkitError], moved: dict[str, int]) -> None:
+        listed = "; ".join(f"{name!r}: {error}" for name, error in sorted(failed.items()))
+        super().__init__(f"{len(failed)} counter(s) could not be flushed: {listed}")
+        self.failed = failed
+        self.moved = moved
 
 
 class BackendUnavailable(BackendError):

@@ -247,7 +247,12 @@ class Kit:
     def flush_all(self) -> dict[str, int]:
         """Flush every buffered counter in the store (a crashed or lost flush's work
         included); return the amount moved per counter that had something pending.
-        Idempotent; safe to run concurrently with anything."""
+        Idempotent; safe to run concurrently with anything.
+
+        A counter that cannot be flushed does not stop the others: every other one is
+        flushed, then ``FlushFailed`` is raised, its ``failed`` naming each failed
+        counter with its error and its ``moved`` holding what this call would have
+        returned."""
         names = [info.name for info in self.counters() if info.kind == BufferedCounter.kind]
         return flush_counters(self._settings, names)
 

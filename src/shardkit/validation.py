@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 
@@ -17,6 +18,27 @@ MAX_NAME_LENGTH = 200
 MAX_BLOCK = 2**40
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
+# Durations a cache keeps a key for (flush intervals make deduplication windows, and
+# cache_ttl is a TTL) stay within memcached's limit, past which it reads an absolute time.
+MAX_TTL = 30 * 24 * 3600
+# The shortest flush interval: interval numbers (time / interval) stay exact floats.
+MIN_INTERVAL = 0.001
+MAX_RETENTION = 100 * 365 * 24 * 3600
+
+
+def _seconds(value: object, what: str, low: float, high: float, *, zero: bool = False) -> float:
+    """``value`` as a float if it is a finite number of seconds (not a bool) in
+    ``low..high`` (``0 < value`` when ``low`` is 0 unless ``zero``)."""
+    number = not isinstance(value, bool) and isinstance(value, (int, float))
+    seconds = math.nan
+    if number:  # an int too large for a float is out of range anyway
+        seconds = math.inf if value > high else float(value)  # type: ignore[operator,arg-type]
+    if not (low <= seconds <= high and (seconds > 0 or zero)):
+        above = f"≥ {low:g}" if low or zero else "> 0"
+        raise ValidationError(
+            f"{what} must be a number of seconds {above} and ≤ {high:g}, not {value!r}"
+        )
+    return seconds
 
 
 def check_name(name: object, what: str = "counter name") -> str:
@@ -56,10 +78,9 @@ def check_shards(shards: object, maximum: int) -> int:
 
 
 def check_interval(interval: object) -> float:
-    """Return ``interval`` as a float if it is a number of seconds > 0 (not a bool)."""
-    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
-        raise ValidationError(f"interval must be a number of seconds > 0, not {interval!r}")
-    return float(interval)
+    """Return ``interval`` as a float if it is a number of seconds (not a bool) in
+    0.001 … 30 days."""
+    return _seconds(interval, "interval", MIN_INTERVAL, MAX_TTL)
 
 
 def check_chance(chance: object) -> float:
@@ -101,16 +122,14 @@ def check_kit_options(
     prefix: object, cache_ttl: object, max_shards: object, key_retention: object
 ) -> None:
     """Validate a kit's options: ``prefix`` an identifier of at most 40 characters (it
-    begins table names), ``cache_ttl`` > 0, ``max_shards`` ≥ 1, ``key_retention`` ≥ 0."""
+    begins table names), ``cache_ttl`` in (0, 30 days], ``max_shards`` ≥ 1,
+    ``key_retention`` in [0, 100 years] (finite numbers of seconds)."""
     if not isinstance(prefix, str) or not prefix.isidentifier() or len(prefix) > 40:
         raise ConfigurationError(f"table prefix must be an identifier, ≤ 40 characters: {prefix!r}")
-    for what, value, positive in (
-        ("cache_ttl", cache_ttl, True),
-        ("key_retention", key_retention, False),
-    ):
-        number = not isinstance(value, bool) and isinstance(value, (int, float))
-        if not number or not (value > 0 if positive else value >= 0):  # type: ignore[operator]
-            bound = "> 0" if positive else "≥ 0"
-            raise ConfigurationError(f"{what} must be a number of seconds {bound}, not {value!r}")
+    try:
+        _seconds(cache_ttl, "cache_ttl", 0, MAX_TTL)
+        _seconds(key_retention, "key_retention", 0, MAX_RETENTION, zero=True)
+    except ValidationError as exc:
+        raise ConfigurationError(str(exc)) from None
     if isinstance(max_shards, bool) or not isinstance(max_shards, int) or max_shards < 1:
         raise ConfigurationError(f"max_shards must be an int ≥ 1, not {max_shards!r}")

@@ -7,8 +7,8 @@ import hashlib
 import math
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import urlsplit
 
+from shardkit import _urls
 from shardkit._fork import reset_in_child
 from shardkit.cache.base import read_number
 from shardkit.errors import BackendError, BackendUnavailable, ConfigurationError, MissingDriver
@@ -49,15 +49,21 @@ class MemcachedCache:
         self._closed: type[Exception] = MemcacheUnexpectedCloseError  # the server went away
         self._client = client
         self._servers = servers
-        self.url = url
+        self.url = _urls.redact(url)
         reset_in_child(self, MemcachedCache._after_fork)
 
     @classmethod
     def from_url(cls, url: str) -> MemcachedCache:
-        parts = urlsplit(url)
+        """A cache on the servers of ``memcached://host:port[,host:port…]`` (no user or
+        password: memcached's text protocol has none)."""
+        parts = _urls.split(url, "cache", ports=False)  # each server's is checked below
         servers = [s for s in parts.netloc.split(",") if s]
-        if not servers or parts.path not in ("", "/") or parts.query:
-            raise ConfigurationError(f"a memcached URL is memcached://host:port, not {url!r}")
+        if not servers or parts.path not in ("", "/") or parts.query or "@" in parts.netloc:
+            raise ConfigurationError(
+                f"a memcached URL is memcached://host:port[,host:port…], not {_urls.redact(url)!r}"
+            )
+        for server in servers:
+            _urls.split(f"memcached://{server}", "cache")
         return cls(_pooled_client(servers), url=url, servers=servers)
 
     def _after_fork(self) -> None:
@@ -110,6 +116,11 @@ class MemcachedCache:
         for _ in range(_REWRITES):
             try:
                 value = method(encoded, abs(delta), noreply=False)
+                if value is not None and 0 <= int(value) < delta:
+                    # Wrapped past 2**64, so past signed 64-bit: undone (adding 2**64 -
+                    # delta subtracts delta, whatever raced), and refused, as Redis does.
+                    method(encoded, 2**64 - delta, noreply=False)
+                    raise BackendError(f"cache {self.url}: an increment would overflow")
                 return None if value is None else int(value) - _BIAS
             except self._refused as exc:
                 if _REFUSAL not in str(exc):
@@ -121,8 +132,9 @@ class MemcachedCache:
             if expire is None:
                 continue  # written since it was read
             value = read_number(self.url, stored) + delta
-            # As memcached's own: a decrement stops at 0, an increment wraps at 2**64.
-            value = max(value, 0) if delta < 0 else value % 2**64
+            if value >= 2**64:
+                raise BackendError(f"cache {self.url}: an increment would overflow")
+            value = max(value, 0)  # as memcached's own decrement, which stops at 0
             if self._client.cas(encoded, str(value).encode(), token, expire, noreply=False):
                 return value - _BIAS
         raise BackendError(f"cache {self.url} kept refusing to increment a key")

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from shardkit import _urls
 from shardkit.cache.base import read_number
-from shardkit.errors import BackendError, BackendUnavailable, MissingDriver
+from shardkit.errors import BackendError, BackendUnavailable, ConfigurationError, MissingDriver
 
 # INCRBY creates a missing key; a counter's cached value must not be created by a write
 # (it would hold the delta alone), so the increment is conditional, in one atomic script.
@@ -59,11 +59,13 @@ class RedisCache:
 
     @classmethod
     def from_url(cls, url: str) -> RedisCache:
+        _urls.split(url, "cache")
         redis = _redis_module()
         try:
             client = redis.Redis.from_url(url, socket_connect_timeout=5)
-        except ValueError as exc:
-            raise BackendError(f"bad cache URL {_urls.redact(url)!r}: {exc}") from exc
+        except (ValueError, TypeError) as exc:
+            detail = _urls.scrub(str(exc), urlsplit(url).password)
+            raise ConfigurationError(f"bad cache URL {_urls.redact(url)!r}: {detail}") from None
         return cls(client, url=url, owns_client=True)
 
     def _call(self, action: str, method: Any, *args: Any, **kwargs: Any) -> Any:

@@ -18,6 +18,15 @@ near 0): the generation is dead, that increment did not count, and the writer mo
 another generation. What was pending in the dead one is what is lost, and only that. A
 reading below the offset is ignored, so a re-created key can never look like a sum
 below what the store applied.
+
+Overflow is made impossible rather than detected: one call adds at most ``MAX_DELTA``
+(2**40) either way, and a writer whose increment takes a sum past ``_FULL`` (2**61)
+moves the counter to a new generation, so a sum would reach its capacity, 2**62 - 1
+(where Redis would refuse and memcached's biased values would wrap), only if 2**21
+writers all added 2**40 to one generation after it filled. The store's records of each
+sum stay within that capacity, and a flush that would take the counter's stored value
+(the net of its records) outside signed 64-bit is refused with ``CounterOverflow``,
+leaving the sums in the cache.
 """
 
 from __future__ import annotations
@@ -26,13 +35,20 @@ import os
 import random
 import time
 from collections.abc import Iterable
+from functools import partial
 from typing import NamedTuple
 
 from shardkit.counters.base import CounterSettings
-from shardkit.errors import BackendError, InvalidDelta, ShardkitError
+from shardkit.errors import (
+    BackendError,
+    CounterOverflow,
+    FlushFailed,
+    InvalidDelta,
+    ShardkitError,
+)
 from shardkit.executor.base import Executor
 from shardkit.store.base import RETIRED, CounterInfo, Flushed
-from shardkit.validation import INT64_MAX, check_delta, check_interval
+from shardkit.validation import INT64_MAX, INT64_MIN, check_delta, check_interval
 
 # A writer that finds its generation dead adopts or starts another; a cache being wiped
 # again and again while it does so gives up after this many tries.
@@ -42,8 +58,13 @@ _BATCH = 500
 # A generation's keys start here: a cache that lost one and re-created it on an increment
 # shows a value far below. Leaves 2**62 - 1 for each sum (memcached adds its own 2**63).
 _BASE = 2**62
-# The kind of failure that an increment rides out (logged by the kit's FailureLog).
+# A writer whose increment takes a sum past this starts a new generation (see above).
+_FULL = 2**61
+MAX_DELTA = 2**40
+"""The largest increment or decrement one call of a buffered counter takes."""
+# The kinds of failure that an increment rides out (logged by the kit's FailureLog).
 _SCHEDULE = "scheduling a flush"
+_MOVE = "starting a generation"
 
 
 class Parts(NamedTuple):
@@ -100,23 +121,27 @@ class BufferedCounter:
     # -- writes ------------------------------------------------------------------------
 
     def incr(self, delta: int = 1) -> None:
-        """Add ``delta`` (a non-zero int within ±(2**63 - 1)); one cache round trip, plus
-        one per interval per process to schedule the flush.
+        """Add ``delta``, an int within ±``MAX_DELTA`` (2**40; a larger one raises
+        ``InvalidDelta`` and counts nothing); one cache round trip, plus one per interval
+        per process to schedule the flush (and one when the generation fills).
 
         A call that raises ``BackendError`` may or may not have counted.
         """
         delta = check_delta(delta)
         if delta == 0:
             return
-        if delta < -INT64_MAX:
-            raise InvalidDelta(f"delta {delta} is outside ±(2**63 - 1)")
+        if abs(delta) > MAX_DELTA:
+            raise InvalidDelta(f"delta {delta} is outside ±2**40, a buffered counter's limit")
         side = 0 if delta > 0 else 1
         cache = self._settings.cache
         writing = self._writing
         for _ in range(_ATTEMPTS):
             if writing is None:
                 writing = self._adopt(dead=None)
-            if cache.bump(writing[1][side], abs(delta)) - abs(delta) >= _BASE:
+            total = cache.bump(writing[1][side], abs(delta)) - _BASE
+            if total >= abs(delta):
+                if total > _FULL:  # counted; the next increments go to a new generation
+                    self._settings.best_effort(_MOVE, partial(self._adopt, writing[0]))
                 break
             writing = self._adopt(dead=writing[0])
         else:
@@ -198,8 +223,12 @@ class BufferedCounter:
         """Move what is pending into the store now; return how much this call moved.
 
         Safe at any time, from anywhere, concurrently with writers and other flushes.
+        Raises the counter's error (``CounterOverflow``, ``BackendError``) if it fails.
         """
-        return flush_counters(self._settings, [self.name]).get(self.name, 0)
+        try:
+            return flush_counters(self._settings, [self.name]).get(self.name, 0)
+        except FlushFailed as exc:
+            raise exc.failed[self.name] from None
 
     def _retire(self) -> None:
         """Flush, then fold the generations this process started into the store's
@@ -275,29 +304,69 @@ def flush_counters(settings: CounterSettings, names: Iterable[str]) -> dict[str,
     """Flush the buffered counters ``names``: for each generation, advance the store's
     record to the cache's sums. Returns the amount moved per counter that moved.
 
+    Every counter that can be flushed is: when some cannot (``CounterOverflow``, a
+    backend error), ``FlushFailed`` is raised after the others, naming each with its
+    error and carrying what the others moved. A failed counter's sums stay in the cache.
+
     Idempotent and safe to run concurrently: each advance is a compare-and-set that is
     retried against the newer record when another flush got there first.
     """
     store, cache = settings.store, settings.cache
     moved: dict[str, int] = {}
+    failed: dict[str, ShardkitError] = {}
     wanted = list(dict.fromkeys(names))
     for start in range(0, len(wanted), _BATCH):
-        recorded = store.generations(wanted[start : start + _BATCH])
-        keys = {
-            (name, generation): _keys(settings, name, generation)
-            for name, generations in recorded.items()
-            for generation in generations
-            if generation != RETIRED
-        }
-        live = cache.get_many([key for pair in keys.values() for key in pair])
-        for (name, generation), pair in keys.items():
-            applied = recorded[name][generation]
-            reading = _reading(applied, pair, live)
-            while reading != applied:
-                if store.advance(name, generation, applied, reading):
-                    moved[name] = moved.get(name, 0) + reading.net - applied.net
-                    break
-                # Another flush advanced the record: go on from what it applied.
-                applied = store.generations([name])[name][generation]
-                reading = Flushed(max(applied.up, reading.up), max(applied.down, reading.down))
+        batch = wanted[start : start + _BATCH]
+        try:
+            recorded = store.generations(batch)
+            keys = {
+                (name, generation): _keys(settings, name, generation)
+                for name, generations in recorded.items()
+                for generation in generations
+                if generation != RETIRED
+            }
+            live = cache.get_many([key for pair in keys.values() for key in pair])
+        except ShardkitError as exc:
+            failed.update(dict.fromkeys(batch, exc))
+            continue
+        for name, generations in recorded.items():
+            try:
+                _flush_one(settings, name, generations, live, moved)
+            except ShardkitError as exc:
+                failed[name] = exc
+    if failed:
+        raise FlushFailed(failed, moved)
     return moved
+
+
+def _flush_one(
+    settings: CounterSettings,
+    name: str,
+    generations: dict[int, Flushed],
+    live: dict[str, int],
+    moved: dict[str, int],
+) -> None:
+    """Advance the records of counter ``name``'s ``generations`` to the ``live`` sums,
+    adding what moved to ``moved[name]``; refuse (``CounterOverflow``) an advance that
+    would take its stored value outside signed 64-bit."""
+    store = settings.store
+    stored = sum(applied.net for applied in generations.values())
+    for generation, applied in generations.items():
+        if generation == RETIRED:
+            continue
+        reading = _reading(applied, _keys(settings, name, generation), live)
+        while reading != applied:
+            if not INT64_MIN <= stored + reading.net - applied.net <= INT64_MAX:
+                raise CounterOverflow(
+                    f"flushing counter {name!r} would take its stored value outside signed "
+                    "64-bit; its pending increments stay in the cache"
+                )
+            if store.advance(name, generation, applied, reading):
+                stored += reading.net - applied.net
+                moved[name] = moved.get(name, 0) + reading.net - applied.net
+                break
+            # Another flush advanced the record: go on from what it applied.
+            newer = store.generations([name])[name][generation]
+            stored += newer.net - applied.net
+            applied = newer
+            reading = Flushed(max(applied.up, reading.up), max(applied.down, reading.down))

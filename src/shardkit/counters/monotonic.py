@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from shardkit.counters.base import CounterSettings
-from shardkit.errors import BackendError, InvalidDelta
+from shardkit.errors import BackendError, CounterOverflow, InvalidDelta
 from shardkit.store.base import CounterInfo
 from shardkit.validation import INT64_MAX, check_chance
 
@@ -61,7 +61,8 @@ class MonotonicCounter:
         )
 
     def incr(self, delta: int = 1) -> int:
-        """Add ``delta`` (an int ≥ 1) and return the new value.
+        """Add ``delta`` (an int ≥ 1) and return the new value. An increment that would
+        take the value past 2**63 - 1 raises ``CounterOverflow`` and counts nothing.
 
         A call that raises ``BackendError`` may or may not have counted.
         """
@@ -75,6 +76,9 @@ class MonotonicCounter:
             self._populate()  # evicted since (or never populated): populate, then retry
         else:
             raise BackendError(f"cache {settings.cache.url} kept losing counter {self.name!r}")
+        if value > INT64_MAX:  # past what the store holds (Redis refuses it by itself)
+            settings.cache.incr(self._key, -delta)
+            raise CounterOverflow(f"counter {self.name!r} would pass signed 64-bit; not counted")
         if self._random() < self.chance_to_write:
             shard = self._random_shard()
             # The value is handed out whatever happens to this write: failing the call

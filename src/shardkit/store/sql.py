@@ -738,15 +738,21 @@ def engine_from_url(url: str, *, pool_size: int | None = None) -> Engine:
     scheme_part, sep, rest = url.partition("://")
     if not sep:
         raise ConfigurationError(f"not a store URL: {_urls.redact(url)!r}")
+    _urls.split(url, "store")
     base = scheme_part.split("+", 1)[0].lower()
     if base not in _DRIVERS:
-        raise ConfigurationError(f"unknown store URL scheme {scheme_part!r}")
+        raise ConfigurationError(f"unknown store URL scheme in {_urls.redact(url)!r}")
     driver, extra = _DRIVERS[base]
     if "+" not in scheme_part:
         url = f"{driver}://{rest}"
     options: dict[str, Any] = {}
+    try:
+        parsed = sa.make_url(url)
+    except (ArgumentError, ValueError) as exc:
+        detail = _urls.scrub(str(exc), _urls.split(url, "store").password)
+        raise ConfigurationError(f"bad store URL {_urls.redact(url)!r}: {detail}") from None
     if base == "sqlite":
-        database = sa.make_url(url).database
+        database = parsed.database
         if not database or database == ":memory:":
             raise ConfigurationError(
                 "an in-memory SQLite database is private to one connection; use a file, "
@@ -766,8 +772,9 @@ def engine_from_url(url: str, *, pool_size: int | None = None) -> Engine:
         raise MissingDriver(
             f"the {base} store needs its driver: pip install 'shardkit[{extra}]'"
         ) from exc
-    except ArgumentError as exc:
-        raise ConfigurationError(f"bad store URL {_urls.redact(url)!r}: {exc}") from exc
+    except (ArgumentError, ValueError, TypeError) as exc:
+        detail = _urls.scrub(str(exc), parsed.password)
+        raise ConfigurationError(f"bad store URL {_urls.redact(url)!r}: {detail}") from None
 
 
 __all__ = ["SqlStore", "engine_from_url"]
