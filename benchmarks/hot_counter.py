@@ -53,7 +53,7 @@ from shardkit.demo import (
     run_grid,
     sharded_writer,
 )
-from shardkit.store.sql import SqlStore, engine_from_url
+from shardkit.store.sql import SqlStore, engine_from_url, unprepare_behind_pooler
 
 MODES = ("naive", "upsert", "sharded", "buffered", "redis-incr")
 REDIS_SCHEMES = ("redis", "rediss", "unix")
@@ -104,7 +104,7 @@ def raw_connect(url: str) -> Any:
     if backend == "postgresql":
         import psycopg
 
-        return psycopg.connect(
+        conn = psycopg.connect(
             host=parsed.host or "localhost",
             port=parsed.port or 5432,
             user=parsed.username,
@@ -112,6 +112,8 @@ def raw_connect(url: str) -> Any:
             dbname=parsed.database,
             autocommit=True,
         )
+        unprepare_behind_pooler(conn)  # as a PgBouncer user must
+        return conn
     if backend in ("mysql", "mariadb"):
         import pymysql
 

@@ -185,6 +185,10 @@ def test_the_command_line_through_pgbouncer(bouncer: str) -> None:
     assert "applied already" in run("incr", name, "--by", "5", "--key", "k1")
     assert run("get", name, "--fresh") == "25\n"
     assert name in run("list")
+    # The demo's naive writer runs its UPDATE through SQLAlchemy on an engine of its own.
+    demo = run("demo", "--writers", "2", "--seconds", "0.3")
+    assert "every row exactly" in demo
+    assert "✗" not in demo
 
 
 def test_the_django_app_through_pgbouncer(bouncer: str, tmp_path: Path) -> None:

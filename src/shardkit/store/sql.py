@@ -223,27 +223,45 @@ class _Compiled:
         return run
 
 
+def watch_for_poolers(engine: Engine) -> None:
+    """Have every connection of a psycopg ``engine`` checked once for a pooler in front
+    of the server (``_detect_pooler``). Idempotent; other drivers are left alone."""
+    if engine.dialect.driver == "psycopg" and not sa.event.contains(
+        engine, "checkout", _detect_pooler
+    ):
+        sa.event.listen(engine, "checkout", _detect_pooler)
+
+
 def _detect_pooler(dbapi_connection: Any, record: Any, proxy: Any) -> None:
-    """Pool checkout hook of psycopg engines: once per connection, find out whether it
-    goes through a pooler (PgBouncer in transaction mode, …), which may run each
-    transaction on another server session, where a statement prepared in an earlier one
-    is missing or present already. A pooler answers the connection with a backend
-    process id of its own making, a direct connection with the server's; behind one,
-    psycopg's automatic preparing is turned off and the hot path sends unnamed
-    statements. A connection that cannot answer is replaced by the pool. (Connections
-    that are not psycopg's own, such as Django's behind its stand-in, are left alone.)"""
-    from psycopg import Connection, pq
+    """Pool checkout hook of psycopg engines: once per connection, ``unprepare_behind_pooler``.
+    A connection that cannot answer is replaced by the pool. (Connections that are not
+    psycopg's own, such as Django's behind its stand-in, are left alone.)"""
+    from psycopg import Connection
 
     if _POOLED in record.info or not isinstance(dbapi_connection, Connection):
         return
+    try:
+        record.info[_POOLED] = unprepare_behind_pooler(dbapi_connection)
+    except ConnectionError as exc:
+        raise sa.exc.DisconnectionError(str(exc)) from exc
 
-    result = dbapi_connection.pgconn.exec_(b"SELECT pg_backend_pid()")
+
+def unprepare_behind_pooler(connection: Any) -> bool:
+    """Whether the psycopg ``connection`` goes through a pooler (PgBouncer in transaction
+    mode, …), which may run each transaction on another server session, where a
+    statement prepared in an earlier one is missing or present already; if so, turn
+    psycopg's automatic preparing off. A pooler answers the connection with a backend
+    process id of its own making, a direct connection with the server's. One round trip,
+    outside any transaction; raises ``ConnectionError`` if the connection cannot answer."""
+    from psycopg import pq
+
+    result = connection.pgconn.exec_(b"SELECT pg_backend_pid()")
     if result.status != pq.ExecStatus.TUPLES_OK:
-        raise sa.exc.DisconnectionError("the connection did not answer")
-    pooled = int(result.get_value(0, 0) or 0) != dbapi_connection.info.backend_pid
+        raise ConnectionError("the connection did not answer")
+    pooled: bool = int(result.get_value(0, 0) or 0) != connection.info.backend_pid
     if pooled:
-        dbapi_connection.prepare_threshold = None
-    record.info[_POOLED] = pooled
+        connection.prepare_threshold = None
+    return pooled
 
 
 class SqlStore:
@@ -355,10 +373,7 @@ class SqlStore:
         self._max_held = pool.size() - 1 if isinstance(pool, QueuePool) else 0
         self._held: queue.SimpleQueue[Connection] = queue.SimpleQueue()
         self._identity: str | None = None
-        if engine.dialect.driver == "psycopg" and not sa.event.contains(
-            engine, "checkout", _detect_pooler
-        ):
-            sa.event.listen(engine, "checkout", _detect_pooler)
+        watch_for_poolers(engine)
         reset_in_child(self, SqlStore._after_fork)
 
     def _after_fork(self) -> None:
@@ -731,7 +746,8 @@ def engine_from_url(url: str, *, pool_size: int | None = None) -> Engine:
 
     ``pool_size`` connections are kept open (SQLAlchemy's default, 5, when None): as many
     as the threads that use the store at once, or each one past it opens and closes a
-    connection of its own.
+    connection of its own. Its connections are checked for a pooler in front of the
+    server (``watch_for_poolers``).
 
     Raises ``MissingDriver`` naming the extra to install, or ``ConfigurationError``.
     """
@@ -763,7 +779,7 @@ def engine_from_url(url: str, *, pool_size: int | None = None) -> Engine:
     if pool_size is not None:
         options["pool_size"] = pool_size
     try:
-        return sa.create_engine(url, **options)
+        engine = sa.create_engine(url, **options)
     except (ImportError, NoSuchModuleError) as exc:
         if extra is None or (isinstance(exc, NoSuchModuleError) and "+" in scheme_part):
             raise ConfigurationError(
@@ -775,6 +791,8 @@ def engine_from_url(url: str, *, pool_size: int | None = None) -> Engine:
     except (ArgumentError, ValueError, TypeError) as exc:
         detail = _urls.scrub(str(exc), parsed.password)
         raise ConfigurationError(f"bad store URL {_urls.redact(url)!r}: {detail}") from None
+    watch_for_poolers(engine)
+    return engine
 
 
-__all__ = ["SqlStore", "engine_from_url"]
+__all__ = ["SqlStore", "engine_from_url", "unprepare_behind_pooler", "watch_for_poolers"]
