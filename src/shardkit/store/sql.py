@@ -97,8 +97,9 @@ class _Dialect:
 
     def is_out_of_range(self, exc: Exception) -> bool:
         """Whether the database refused a statement for taking a value outside its column
-        (signed 64-bit): the statement changed nothing."""
-        orig = getattr(exc, "orig", None) or exc
+        (signed 64-bit): the statement changed nothing. ``exc`` is the driver's error,
+        or wraps it (SQLAlchemy's ``orig``, Django's ``__cause__``)."""
+        orig = getattr(exc, "orig", None) or exc.__cause__ or exc
         if self.is_mysql:
             return getattr(orig, "args", (None,))[:1] in ((1264,), (1690,))
         if self.name == "postgresql":
