@@ -147,3 +147,14 @@ def test_bad_urls_are_configuration_errors_without_the_password(
 )
 def test_redact_never_raises_and_hides_the_password(url: str) -> None:
     assert "hunter2pw" not in _urls.redact(url)
+
+
+def test_a_sharded_counter_reads_exactly_past_signed_64_bit(big: shardkit.Kit, name: str) -> None:
+    """Each shard stays within signed 64-bit (a write past it is refused, not counted);
+    their sum may not, and reads exactly on every store (SQLite's sum() would fail)."""
+    counter = big.sharded(name, shards=1)
+    counter.incr(2**63 - 1)
+    with pytest.raises(CounterOverflow):
+        counter.incr(1)
+    big.store.add(name, 1, 2**63 - 1)  # another shard, as another writer would
+    assert counter.value(fresh=True) == big.values([name], fresh=True)[name] == 2**64 - 2

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from conftest import run_together
-from shardkit.errors import BackendError, CounterKindMismatch
+from shardkit.errors import CounterKindMismatch, CounterOverflow
 from shardkit.store import Flushed, Store
 from shardkit.store.base import RETIRED
 from shardkit.validation import INT64_MAX, INT64_MIN
@@ -84,10 +84,11 @@ def test_values_span_signed_64_bit(store: Store, name: str) -> None:
 
 
 def test_an_overflowing_write_fails_and_changes_nothing(store: Store, name: str) -> None:
+    """Refused as CounterOverflow, not a BackendError (which says it may have applied)."""
     store.add(name, 0, INT64_MAX)
-    with pytest.raises(BackendError):
+    with pytest.raises(CounterOverflow):
         store.add(name, 0, 1)
-    with pytest.raises(BackendError):
+    with pytest.raises(CounterOverflow):
         store.add(name, 0, 1, key="overflow")
     assert store.total(name) == INT64_MAX
     # The failed keyed write rolled back its key too: it applies once the value allows.

@@ -31,7 +31,9 @@ from shardkit.errors import (
     BackendUnavailable,
     ConfigurationError,
     CounterKindMismatch,
+    CounterOverflow,
     MissingDriver,
+    ShardkitError,
 )
 from shardkit.store.base import RETIRED, CounterInfo, Flushed
 from shardkit.validation import MAX_NAME_LENGTH
@@ -92,6 +94,26 @@ class _Dialect:
         if self.is_mysql:
             return getattr(exc.orig, "args", (None,))[:1] == (1213,)
         return getattr(exc.orig, "sqlstate", None) == "40P01"
+
+    def is_out_of_range(self, exc: Exception) -> bool:
+        """Whether the database refused a statement for taking a value outside its column
+        (signed 64-bit): the statement changed nothing. ``exc`` is the driver's error,
+        or wraps it (SQLAlchemy's ``orig``, Django's ``__cause__``)."""
+        orig = getattr(exc, "orig", None) or exc.__cause__ or exc
+        if self.is_mysql:
+            return getattr(orig, "args", (None,))[:1] in ((1264,), (1690,))
+        if self.name == "postgresql":
+            return getattr(orig, "sqlstate", None) == "22003"
+        # SQLite turns an overflowing sum into a float, which the integer check refuses.
+        return "typeof(value) = 'integer'" in str(orig) or "integer overflow" in str(orig)
+
+    def exact_sum(self, value: Any) -> tuple[Any, Any, int]:
+        """Aggregates ``high`` and ``low`` and a scale such that the sum of ``value`` (a
+        64-bit expression) is ``high * scale + low``, exact even past 64 bits: SQLite's
+        ``sum`` fails there, so it sums the high and low 32 bits apart."""
+        if self.name == "sqlite":
+            return sa.func.sum(value.op(">>")(32)), sa.func.sum(value.op("&")(2**32 - 1)), 2**32
+        return sa.func.sum(value), sa.literal(0), 1
 
     def insert_ignore(self, conn: Connection, table: sa.Table, row: Mapping[str, Any]) -> bool:
         """INSERT ``row`` unless its primary key exists; return whether it was inserted.
@@ -383,12 +405,19 @@ class SqlStore:
 
     # -- errors ------------------------------------------------------------------------
 
-    def _error(self, exc: Exception, action: str, *, lost: bool = False) -> BackendError:
+    def _error(self, exc: Exception, action: str, *, lost: bool = False) -> ShardkitError:
         """The ``BackendError`` for a failure of the store; ``BackendUnavailable`` when the
-        connection was ``lost`` (or SQLAlchemy found it so) or could not be made. A lost
-        connection means the server went away: the held connections are dropped too."""
+        connection was ``lost`` (or SQLAlchemy found it so) or could not be made, and
+        ``CounterOverflow`` when the database refused a value outside signed 64-bit (so
+        nothing was written). A lost connection means the server went away: the held
+        connections are dropped too."""
         text = _urls.scrub(str(getattr(exc, "orig", None) or exc), self.engine.url.password)
         detail = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+        if self.dialect.is_out_of_range(exc):
+            return CounterOverflow(
+                f"store {self.url} refused, while {action}, a value outside signed 64-bit; "
+                "nothing was written"
+            )
         if lost or (isinstance(exc, DBAPIError) and exc.connection_invalidated):
             self._drop_held()
             return BackendUnavailable(f"lost the store at {self.url} while {action}: {detail}")
@@ -584,19 +613,21 @@ class SqlStore:
         if not wanted:
             return result
         shards, flushed = self.shards_table, self.flushed_table
+        high, low, scale = self.dialect.exact_sum(shards.c.value)
+        net_high, net_low, _ = self.dialect.exact_sum(flushed.c.up - flushed.c.down)
         rows = self.read(
             "reading counter values",
             sa.union_all(
-                sa.select(shards.c.name, sa.func.sum(shards.c.value))
+                sa.select(shards.c.name, high, low)
                 .where(shards.c.name.in_(wanted))
                 .group_by(shards.c.name),
-                sa.select(flushed.c.name, sa.func.sum(flushed.c.up - flushed.c.down))
+                sa.select(flushed.c.name, net_high, net_low)
                 .where(flushed.c.name.in_(wanted))
                 .group_by(flushed.c.name),
             ),
         )
-        for name, total in rows:
-            result[name] += int(total)
+        for name, high_sum, low_sum in rows:
+            result[name] += int(high_sum) * scale + int(low_sum)
         return result
 
     # -- buffered counters' generations ------------------------------------------------
