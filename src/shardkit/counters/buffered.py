@@ -18,6 +18,16 @@ near 0): the generation is dead, that increment did not count, and the writer mo
 another generation. What was pending in the dead one is what is lost, and only that. A
 reading below the offset is ignored, so a re-created key can never look like a sum
 below what the store applied.
+
+Each cache loss leaves a dead generation's row behind, which every read and flush of the
+counter would go on reading. A flush folds it into the ``RETIRED`` generation once it is
+``CounterSettings.fold_after`` seconds old and both its keys read below the offset. That
+is safe: past its creation (recorded, then its keys added at the offset), nothing can
+bring a dead generation's keys back at the offset, and an increment that re-creates one
+does not count; the fold is ``Store.retire``'s compare-and-set on what is applied, so a
+flush that advances the generation first makes it wait for a later flush, and a flush
+that comes after it finds the generation gone (what it read from the cache before the
+loss is lost with the cache, as the guarantees allow).
 """
 
 from __future__ import annotations
@@ -290,14 +300,35 @@ def flush_counters(settings: CounterSettings, names: Iterable[str]) -> dict[str,
             if generation != RETIRED
         }
         live = cache.get_many([key for pair in keys.values() for key in pair])
+        dead: dict[str, list[int]] = {}
         for (name, generation), pair in keys.items():
-            applied = recorded[name][generation]
-            reading = _reading(applied, pair, live)
-            while reading != applied:
+            if all(live.get(key, 0) < _BASE for key in pair):
+                dead.setdefault(name, []).append(generation)
+            applied: Flushed | None = recorded[name][generation]
+            reading = _reading(recorded[name][generation], pair, live)
+            while applied is not None and reading != applied:
                 if store.advance(name, generation, applied, reading):
                     moved[name] = moved.get(name, 0) + reading.net - applied.net
                     break
-                # Another flush advanced the record: go on from what it applied.
-                applied = store.generations([name])[name][generation]
-                reading = Flushed(max(applied.up, reading.up), max(applied.down, reading.down))
+                # Another flush advanced the record (go on from what it applied), or
+                # folded the generation (its keys were gone: nothing is left to apply).
+                applied = store.generations([name]).get(name, {}).get(generation)
+                if applied is not None:
+                    reading = Flushed(max(applied.up, reading.up), max(applied.down, reading.down))
+        for name, generations in dead.items():
+            _fold(settings, name, generations, recorded[name])
     return moved
+
+
+def _fold(
+    settings: CounterSettings, name: str, dead: list[int], recorded: dict[int, Flushed]
+) -> None:
+    """Fold the generations ``dead`` of counter ``name`` (both keys read below the offset)
+    that were recorded ``fold_after`` seconds ago or earlier into ``RETIRED`` (see the
+    module docstring). A generation a flush has advanced since ``recorded`` is left for a
+    later flush."""
+    store = settings.store
+    before = time.time() - settings.fold_after
+    for generation, at in store.recorded_at(name, dead).items():
+        if at <= before:
+            store.retire(name, generation, recorded[generation])
