@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -117,7 +117,16 @@ def age_generations(kit: shardkit.Kit, name: str) -> None:
         conn.execute(sa.update(table).where(table.c.name == name).values(created_at=older))
 
 
-def test_dead_generations_are_folded_after_the_grace_period(kit: shardkit.Kit, name: str) -> None:
+@pytest.fixture
+def shared_kit(store_url: str, shared_cache_url: str) -> Iterator[shardkit.Kit]:
+    with Target(store_url, shared_cache_url).connect() as the_kit:
+        yield the_kit
+
+
+def test_dead_generations_are_folded_after_the_grace_period(
+    shared_kit: shardkit.Kit, name: str
+) -> None:
+    kit = shared_kit
     hits, stale = kit.buffered(name, interval=NEVER), kit.buffered(name, interval=NEVER)
     stale.incr(100)  # writes into the first generation from now on
     for _ in range(10):
@@ -144,7 +153,8 @@ def test_dead_generations_are_folded_after_the_grace_period(kit: shardkit.Kit, n
     assert hits.value() == 126
 
 
-def test_folds_racing_flushes_and_writers_are_exact(kit: shardkit.Kit, name: str) -> None:
+def test_folds_racing_flushes_and_writers_are_exact(shared_kit: shardkit.Kit, name: str) -> None:
+    kit = shared_kit
     hits = kit.buffered(name, interval=NEVER)
     for _ in range(20):
         hits.incr(2)
@@ -166,6 +176,18 @@ def test_folds_racing_flushes_and_writers_are_exact(kit: shardkit.Kit, name: str
     assert hits.parts() == Parts(expected, 0)
     assert sum(moved) == expected - 40
     assert len(kit.store.generations([name])[name]) == 2  # RETIRED and the live one
+
+
+def test_a_private_cache_never_folds_another_process_generation(store_url: str, name: str) -> None:
+    target = Target(store_url, "memory://")
+    with target.connect() as one, target.connect() as two:
+        one.buffered(name, interval=NEVER).incr(4)  # its keys live only in one's cache
+        age_generations(one, name)
+        two.buffered(name, interval=NEVER).flush()  # sees no keys: not a dead generation
+        assert len(one.store.generations([name])[name]) == 1
+        assert one.buffered(name, interval=NEVER).flush() == 4
+    with target.connect() as three:
+        assert three.store.total(name) == 4
 
 
 @pytest.fixture(params=["redis", "memcached"])

@@ -20,8 +20,10 @@ reading below the offset is ignored, so a re-created key can never look like a s
 below what the store applied.
 
 Each cache loss leaves a dead generation's row behind, which every read and flush of the
-counter would go on reading. A flush folds it into the ``RETIRED`` generation once it is
-``CounterSettings.fold_after`` seconds old and both its keys read below the offset. That
+counter would go on reading. With a shared cache, a flush folds it into the ``RETIRED``
+generation once it is ``CounterSettings.fold_after`` seconds old and both its keys read
+below the offset. (A private cache holds no other process's keys: there, a generation
+that looks dead may be alive elsewhere, and only ``Kit.close()`` folds, its own.) That
 is safe: past its creation (recorded, then its keys added at the offset), nothing can
 bring a dead generation's keys back at the offset, and an increment that re-creates one
 does not count; the fold is ``Store.retire``'s compare-and-set on what is applied, so a
@@ -315,8 +317,9 @@ def flush_counters(settings: CounterSettings, names: Iterable[str]) -> dict[str,
                 applied = store.generations([name]).get(name, {}).get(generation)
                 if applied is not None:
                     reading = Flushed(max(applied.up, reading.up), max(applied.down, reading.down))
-        for name, generations in dead.items():
-            _fold(settings, name, generations, recorded[name])
+        if cache.shared:
+            for name, generations in dead.items():
+                _fold(settings, name, generations, recorded[name])
     return moved
 
 
