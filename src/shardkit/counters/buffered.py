@@ -162,18 +162,25 @@ class BufferedCounter:
         if replacing is not None:
             cache.delete(self._pointer_key)
         if cache.add(self._pointer_key, generation, None):
-            self._started.append((os.getpid(), generation))
+            self._record_start(generation)
             return generation
         # Another writer started one first. Nobody else knows ours, so it took nothing:
         # drop its keys and write into the winner's. (Racing replacers may still leave two
         # live generations; both are flushed, so that costs only a row.)
         winner = cache.get(self._pointer_key)
         if winner is None:
-            self._started.append((os.getpid(), generation))
+            self._record_start(generation)
             return generation
         for key in keys:
             cache.delete(key)
         return winner
+
+    def _record_start(self, generation: int) -> None:
+        """Remember a generation this process started, for ``_retire``: only with a
+        private cache (a shared cache's generations outlive the process; flushes fold
+        them once dead), so a long-lived counter on a shared cache keeps no list."""
+        if not self._settings.cache.shared:
+            self._started.append((os.getpid(), generation))
 
     def _schedule(self) -> None:
         """Submit this interval's flush, once per process (and, through the executor's
