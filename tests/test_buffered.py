@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 import shardkit
 from conftest import CACHE_URLS, Target, require, run_together, wait_for
 from shardkit.counters.buffered import Parts
 from shardkit.errors import CounterKindMismatch, InvalidDelta, ValidationError
 from shardkit.executor import LocalExecutor
+from shardkit.store.base import RETIRED
+from shardkit.store.sql import SqlStore
 
 NEVER = 3600.0  # an interval whose scheduled flush does not come due during a test
 
@@ -96,6 +99,95 @@ def test_a_lost_generation_loses_only_what_was_pending(kit: shardkit.Kit, name: 
     assert hits.parts() == Parts(stored=5, pending=1)
     assert hits.flush() == 1
     assert hits.value() == 6
+
+
+def lose_keys(kit: shardkit.Kit, name: str) -> None:
+    """The cache loses the keys of every generation of counter ``name``."""
+    for generation in kit.store.generations([name]).get(name, {}):
+        for side in ("up", "down"):
+            kit.cache.delete(kit._settings.cache_key(name, f"buffered:{generation}:{side}"))
+
+
+def age_generations(kit: shardkit.Kit, name: str) -> None:
+    """Make every generation of counter ``name`` older than the kit's ``fold_after``."""
+    assert isinstance(kit.store, SqlStore)
+    table = kit.store.flushed_table
+    older = table.c.created_at - 2 * kit._settings.fold_after
+    with kit.store.engine.begin() as conn:
+        conn.execute(sa.update(table).where(table.c.name == name).values(created_at=older))
+
+
+@pytest.fixture
+def shared_kit(store_url: str, shared_cache_url: str) -> Iterator[shardkit.Kit]:
+    with Target(store_url, shared_cache_url).connect() as the_kit:
+        yield the_kit
+
+
+def test_dead_generations_are_folded_after_the_grace_period(
+    shared_kit: shardkit.Kit, name: str
+) -> None:
+    kit = shared_kit
+    hits, stale = kit.buffered(name, interval=NEVER), kit.buffered(name, interval=NEVER)
+    stale.incr(100)  # writes into the first generation from now on
+    for _ in range(10):
+        hits.incr(3)
+        hits.decr(1)
+        hits.flush()
+        lose_keys(kit, name)
+    hits.incr(5)  # a generation of its own
+    assert len(kit.store.generations([name])[name]) == 11
+    hits.flush()  # dead ones, but too young to fold
+    assert len(kit.store.generations([name])[name]) == 11
+    assert hits.value() == 125
+
+    age_generations(kit, name)
+    assert hits.flush() == 0
+    assert set(kit.store.generations([name])[name]) == {RETIRED, hits._writing[0]}  # type: ignore[index]
+    assert hits.parts() == Parts(125, 0)
+    # A writer still on a folded generation re-creates a key below the offset: that
+    # increment does not count there, and it moves to the live generation.
+    stale.incr(1)
+    assert set(kit.store.generations([name])[name]) == {RETIRED, hits._writing[0]}  # type: ignore[index]
+    assert hits.parts() == Parts(125, 1)
+    assert hits.flush() == 1
+    assert hits.value() == 126
+
+
+def test_folds_racing_flushes_and_writers_are_exact(shared_kit: shardkit.Kit, name: str) -> None:
+    kit = shared_kit
+    hits = kit.buffered(name, interval=NEVER)
+    for _ in range(20):
+        hits.incr(2)
+        hits.flush()
+        lose_keys(kit, name)
+    hits.incr(1)
+    age_generations(kit, name)  # every dead one may be folded; the live one has keys
+    moved: list[int] = []
+
+    def work(index: int) -> None:
+        for step in range(60):
+            hits.incr(index + 1)
+            if step % 5 == 0:
+                moved.append(hits.flush())
+
+    run_together(6, work)
+    moved.append(hits.flush())
+    expected = 40 + 1 + sum(60 * (index + 1) for index in range(6))
+    assert hits.parts() == Parts(expected, 0)
+    assert sum(moved) == expected - 40
+    assert len(kit.store.generations([name])[name]) == 2  # RETIRED and the live one
+
+
+def test_a_private_cache_never_folds_another_process_generation(store_url: str, name: str) -> None:
+    target = Target(store_url, "memory://")
+    with target.connect() as one, target.connect() as two:
+        one.buffered(name, interval=NEVER).incr(4)  # its keys live only in one's cache
+        age_generations(one, name)
+        two.buffered(name, interval=NEVER).flush()  # sees no keys: not a dead generation
+        assert len(one.store.generations([name])[name]) == 1
+        assert one.buffered(name, interval=NEVER).flush() == 4
+    with target.connect() as three:
+        assert three.store.total(name) == 4
 
 
 @pytest.fixture(params=["redis", "memcached"])

@@ -4,12 +4,14 @@ every SQL store, and the signed specs in which jobs travel to other processes.""
 from __future__ import annotations
 
 import base64
+import gc
 import itertools
 import json
 import math
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -780,6 +782,68 @@ def test_a_cancelled_job_stops_taking_ranges(kit: shardkit.Kit, tables: Tables) 
     assert record.keys == list(range(1, 51))
     assert job.status() == status
     assert sorted(kit.mapper.ledger.pending(job.id)) == sorted(pending)
+
+
+def closure_job(table: sa.Table, fail: threading.Event | None = None) -> Callable[[Batch], None]:
+    """A job's fn that only this process has: a fresh closure (weakly referenceable), which
+    raises while ``fail`` is set."""
+    apply = add_ten(table)
+
+    def fn(batch: Batch) -> None:
+        if fail is not None and fail.is_set():
+            raise RuntimeError("failing on purpose")
+        apply(batch)
+
+    return fn
+
+
+def collected(ref: weakref.ref[Any]) -> bool:
+    gc.collect()
+    return ref() is None
+
+
+def test_finished_jobs_release_their_functions(kit: shardkit.Kit, tables: Tables) -> None:
+    table, initial = key_table(tables, "sequential", 120)
+    done = []
+    for _ in range(20):
+        fn = closure_job(table)
+        done.append(weakref.ref(fn))
+        kit.map(table, fn, transactional=True, page_size=50).wait(WAIT)
+        del fn
+    assert values(kit, table) == plus(initial, 200)
+    assert all(collected(ref) for ref in done)  # complete: released
+
+    fail = threading.Event()
+    fail.set()
+    fn = closure_job(table, fail)
+    failing, job = weakref.ref(fn), kit.map(table, fn, transactional=True, retries=0)
+    del fn
+    with pytest.raises(JobFailed, match="failing on purpose"):
+        job.wait(WAIT)
+    # Failed, and only this process has its function: kept for resume().
+    assert not collected(failing)
+    fail.clear()
+    job.resume()
+    assert job.wait(WAIT).state == "complete"
+    assert collected(failing)
+    assert values(kit, table) == plus(initial, 210)
+
+
+def test_a_job_finished_elsewhere_is_released_when_the_next_starts(
+    kit: shardkit.Kit, tables: Tables, store_url: str
+) -> None:
+    table, _ = key_table(tables, "sequential", 100)
+    held = HeldExecutor()  # the job's first range waits here: it runs nowhere
+    with shardkit.connect(
+        store_url, "memory://", prefix=PREFIX, executor=held, secret="s3cret"
+    ) as here:
+        fn = closure_job(table)
+        started, job = weakref.ref(fn), here.map(table, fn, transactional=True)
+        del fn
+        assert kit.job(job.id).cancel()  # another kit (another process) stops it
+        assert not collected(started)  # nothing here has seen it finish yet
+        here.map(table, closure_job(table), transactional=True)
+        assert collected(started)
 
 
 # -- jobs ----------------------------------------------------------------------------------

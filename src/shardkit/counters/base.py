@@ -27,6 +27,9 @@ class CounterSettings:
     max_shards: int = 1000
     key_retention: float = 86400.0
     """Seconds an idempotency key is kept at least."""
+    fold_after: float = 600.0
+    """Seconds after it was recorded before a buffered counter's dead generation (one
+    whose cache keys are gone) is folded into its ``RETIRED`` generation by a flush."""
     random: Callable[[], float] = field(default=random.random)
     failures: FailureLog = field(default_factory=FailureLog, compare=False, repr=False)
     """Where the kit's counters log failures that do not fail their call, rate-limited."""

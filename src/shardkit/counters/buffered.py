@@ -27,6 +27,18 @@ writers all added 2**40 to one generation after it filled. The store's records o
 sum stay within that capacity, and a flush that would take the counter's stored value
 (the net of its records) outside signed 64-bit is refused with ``CounterOverflow``,
 leaving the sums in the cache.
+
+Each cache loss leaves a dead generation's row behind, which every read and flush of the
+counter would go on reading. With a shared cache, a flush folds it into the ``RETIRED``
+generation once it is ``CounterSettings.fold_after`` seconds old and both its keys read
+below the offset. (A private cache holds no other process's keys: there, a generation
+that looks dead may be alive elsewhere, and only ``Kit.close()`` folds, its own.) That
+is safe: past its creation (recorded, then its keys added at the offset), nothing can
+bring a dead generation's keys back at the offset, and an increment that re-creates one
+does not count; the fold is ``Store.retire``'s compare-and-set on what is applied, so a
+flush that advances the generation first makes it wait for a later flush, and a flush
+that comes after it finds the generation gone (what it read from the cache before the
+loss is lost with the cache, as the guarantees allow).
 """
 
 from __future__ import annotations
@@ -175,18 +187,25 @@ class BufferedCounter:
         if replacing is not None:
             cache.delete(self._pointer_key)
         if cache.add(self._pointer_key, generation, None):
-            self._started.append((os.getpid(), generation))
+            self._record_start(generation)
             return generation
         # Another writer started one first. Nobody else knows ours, so it took nothing:
         # drop its keys and write into the winner's. (Racing replacers may still leave two
         # live generations; both are flushed, so that costs only a row.)
         winner = cache.get(self._pointer_key)
         if winner is None:
-            self._started.append((os.getpid(), generation))
+            self._record_start(generation)
             return generation
         for key in keys:
             cache.delete(key)
         return winner
+
+    def _record_start(self, generation: int) -> None:
+        """Remember a generation this process started, for ``_retire``: only with a
+        private cache (a shared cache's generations outlive the process; flushes fold
+        them once dead), so a long-lived counter on a shared cache keeps no list."""
+        if not self._settings.cache.shared:
+            self._started.append((os.getpid(), generation))
 
     def _schedule(self) -> None:
         """Submit this interval's flush, once per process (and, through the executor's
@@ -348,14 +367,20 @@ def _flush_one(
 ) -> None:
     """Advance the records of counter ``name``'s ``generations`` to the ``live`` sums,
     adding what moved to ``moved[name]``; refuse (``CounterOverflow``) an advance that
-    would take its stored value outside signed 64-bit."""
+    would take its stored value outside signed 64-bit. Then, with a shared cache, fold
+    its dead generations that are old enough (see the module docstring)."""
     store = settings.store
     stored = sum(applied.net for applied in generations.values())
-    for generation, applied in generations.items():
+    dead: list[int] = []
+    for generation, recorded in generations.items():
         if generation == RETIRED:
             continue
-        reading = _reading(applied, _keys(settings, name, generation), live)
-        while reading != applied:
+        pair = _keys(settings, name, generation)
+        if all(live.get(key, 0) < _BASE for key in pair):
+            dead.append(generation)
+        applied: Flushed | None = recorded
+        reading = _reading(recorded, pair, live)
+        while applied is not None and reading != applied:
             if not INT64_MIN <= stored + reading.net - applied.net <= INT64_MAX:
                 raise CounterOverflow(
                     f"flushing counter {name!r} would take its stored value outside signed "
@@ -365,8 +390,26 @@ def _flush_one(
                 stored += reading.net - applied.net
                 moved[name] = moved.get(name, 0) + reading.net - applied.net
                 break
-            # Another flush advanced the record: go on from what it applied.
-            newer = store.generations([name])[name][generation]
-            stored += newer.net - applied.net
+            # Another flush advanced the record (go on from what it applied), or folded
+            # the generation (its keys were gone: nothing is left to apply).
+            newer = store.generations([name]).get(name, {}).get(generation)
+            if newer is not None:
+                stored += newer.net - applied.net
+                reading = Flushed(max(newer.up, reading.up), max(newer.down, reading.down))
             applied = newer
-            reading = Flushed(max(applied.up, reading.up), max(applied.down, reading.down))
+    if dead and settings.cache.shared:
+        _fold(settings, name, dead, generations)
+
+
+def _fold(
+    settings: CounterSettings, name: str, dead: list[int], recorded: dict[int, Flushed]
+) -> None:
+    """Fold the generations ``dead`` of counter ``name`` (both keys read below the offset)
+    that were recorded ``fold_after`` seconds ago or earlier into ``RETIRED`` (see the
+    module docstring). A generation a flush has advanced since ``recorded`` is left for a
+    later flush."""
+    store = settings.store
+    before = time.time() - settings.fold_after
+    for generation, at in store.recorded_at(name, dead).items():
+        if at <= before:
+            store.retire(name, generation, recorded[generation])

@@ -168,6 +168,12 @@ class RangeLedger:
         rows = self.store.read(f"reading job {job!r}", statement, autocommit=True)
         return rows[0].state if rows else None
 
+    def states(self, jobs: Sequence[str]) -> dict[str, str]:
+        """The state of each of ``jobs`` that exists: one read."""
+        statement = sa.select(self.jobs.c.id, self.jobs.c.state).where(self.jobs.c.id.in_(jobs))
+        rows = self.store.read("reading job states", statement, autocommit=True)
+        return {row.id: row.state for row in rows}
+
     def spec(self, job: str) -> str | None:
         rows = self.store.read(
             f"reading job {job!r}", sa.select(self.jobs.c.spec).where(self.jobs.c.id == job)

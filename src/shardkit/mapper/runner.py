@@ -53,6 +53,9 @@ _MAX_SAMPLE = 20_000
 _RETRY_DELAY = 0.05  # seconds before the first retry of a failed range; doubles
 _MAX_RETRY_DELAY = 30.0
 _UNRECORDED = "mapping ranges"  # a kind of failure: those the store could not record
+# Failed jobs whose functions only this process holds (closures with no secret to sign
+# them), kept for ``resume()``: the newest this many.
+_KEEP_FAILED = 100
 
 _Children = list[Child]
 
@@ -76,11 +79,25 @@ class _Page(NamedTuple):
     children: _Children | None
 
 
+class _Held(NamedTuple):
+    """A running job's spec, and whether only this process has it (the ledger's copy
+    cannot rebuild it)."""
+
+    spec: MapSpec
+    only_here: bool
+
+
 class Mapper:
     """Starts jobs, runs their range tasks, reports on them. Thread-safe.
 
     The functions of jobs started in this process are kept here, so closures need no
     pickling on a local executor; other processes rebuild a job from its stored spec.
+    A job's spec is held while it runs and released when it finishes, so a process that
+    runs jobs for weeks holds those that run, not those that ran: when this mapper
+    finishes it, or when the mapper takes up another job and the ledger shows it
+    finished elsewhere. A failed job whose functions only this process has keeps them
+    for ``resume()`` (the newest ``_KEEP_FAILED`` such jobs; an older one is resumed by
+    starting it again under its id).
     """
 
     def __init__(self, store: SqlStore, executor: Executor, signer: Signer | None) -> None:
@@ -88,7 +105,8 @@ class Mapper:
         self.ledger = RangeLedger(store)
         self.executor = executor
         self.signer = signer
-        self._specs: dict[str, MapSpec] = {}
+        self._specs: dict[str, _Held] = {}  # the running jobs'
+        self._stopped: dict[str, MapSpec] = {}  # failed, only here; oldest first
         self._lock = threading.Lock()
         self._news = threading.Condition()  # notified when this mapper finishes a job
         self._unrecorded: dict[tuple[str, str], int] = {}  # failures the store missed
@@ -117,6 +135,7 @@ class Mapper:
     ) -> bool:
         moved = self.ledger.set_state(job, to, when=when, error=error)
         if moved and to in FINISHED:
+            self._release({job: to})
             self._announce()
         return moved
 
@@ -136,8 +155,7 @@ class Mapper:
                 "importable functions (module-level, 'package.module:name'), or give the "
                 "kit a secret (connect(secret=…) or $SHARDKIT_SECRET) to sign closures"
             )
-        with self._lock:
-            self._specs[job] = spec
+        self._hold(job, spec, only_here=bool(missing), replace=True)
         if not self.ledger.create(job, text):
             self.resume(job)
             return Job(self, job)
@@ -171,8 +189,12 @@ class Mapper:
     def resume(self, job: str) -> int:
         status = self.status(job)
         if status.state in (COMPLETE, CANCELLED):
+            self._release({job: status.state})
             return 0
-        spec = self._spec(job)  # a job this process cannot run is refused here
+        with self._lock:
+            kept = self._stopped.pop(job, None)
+        # A job this process cannot run is refused by _load.
+        spec = self._load(job) if kept is None else self._hold(job, kept, only_here=True)
         self._set_state(job, RUNNING, when=[RUNNING, FAILED])
         self.ledger.reset_failures(job)
         pending = self.ledger.pending(job)
@@ -181,17 +203,61 @@ class Mapper:
             self._complete(job, spec)
         return len(pending)
 
-    def _spec(self, job: str) -> MapSpec:
+    def _spec(self, job: str) -> MapSpec | None:
+        """The spec of a job whose ranges run: held here, or rebuilt from the ledger and
+        held while the job runs. None if it is not running (its ranges have nothing to
+        do): a stray task of a finished job rebuilds nothing."""
+        spec = self._held(job)
+        if spec is not None or self.ledger.states([job]).get(job) != RUNNING:
+            return spec
+        return self._load(job)
+
+    def _held(self, job: str) -> MapSpec | None:
         with self._lock:
-            spec = self._specs.get(job)
+            held = self._specs.get(job)
+            return held.spec if held is not None else self._stopped.get(job)
+
+    def _load(self, job: str) -> MapSpec:
+        """The job's spec, held here or rebuilt from the ledger (and held)."""
+        spec = self._held(job)
         if spec is not None:
             return spec
         text = self.ledger.spec(job)
         if text is None:
             raise JobNotFound(f"no job {job!r} in {self.store.url}")
-        spec = MapSpec.loads(text, self.store.engine, self.signer)
+        return self._hold(job, MapSpec.loads(text, self.store.engine, self.signer))
+
+    def _hold(
+        self, job: str, spec: MapSpec, *, only_here: bool = False, replace: bool = False
+    ) -> MapSpec:
+        """Hold ``job``'s spec while it runs (unless one is held and not ``replace``) and
+        return the one held. A job new to this mapper first releases those the ledger
+        shows finished elsewhere: what is held stays about the jobs running."""
         with self._lock:
-            return self._specs.setdefault(job, spec)
+            held = list(self._specs) if job not in self._specs else []
+        if held:
+            self._release(self.ledger.states(held), finished_only=True)
+        with self._lock:
+            if replace or job not in self._specs:
+                self._specs[job] = _Held(spec, only_here)
+                self._stopped.pop(job, None)
+            return self._specs[job].spec
+
+    def _release(self, states: dict[str, str], *, finished_only: bool = False) -> None:
+        """Forget the specs of the jobs in ``states`` (job -> state), or only of those
+        finished: a failed job's only copy of its functions is kept for ``resume()``."""
+        with self._lock:
+            for job, state in states.items():
+                if finished_only and state not in FINISHED:
+                    continue
+                held = self._specs.pop(job, None)
+                self._stopped.pop(job, None)
+                if state == FAILED and held is not None and held.only_here:
+                    self._stopped[job] = held.spec
+                    while len(self._stopped) > _KEEP_FAILED:
+                        del self._stopped[next(iter(self._stopped))]
+                for key in [key for key in self._unrecorded if key[0] == job]:
+                    del self._unrecorded[key]
 
     def _submit(self, job: str, ranges: Sequence[str], delay: float = 0.0) -> None:
         for range_id in ranges:
@@ -206,6 +272,8 @@ class Mapper:
         that split it may have died before submitting them)."""
         try:
             spec = self._spec(job)
+            if spec is None:
+                return
             if range_id == KeyRange().id(job):
                 self._estimate(job, spec)
             while True:
@@ -381,6 +449,7 @@ class Mapper:
                 f"completing job {job!r}", work
             ):
                 log.info("job %s complete", job)
+                self._release({job: COMPLETE})
                 self._announce()
         except Exception as exc:
             error = _describe(exc)
@@ -392,11 +461,13 @@ class Mapper:
         then fail the job."""
         error = _describe(exc)
         try:
-            retries = self._spec(job).retries
+            spec = self._spec(job)
+            if spec is None:
+                return  # the job stopped: nothing to retry
             failures = self.ledger.record_failure(job, range_id, error)
             if failures == 0:
                 return
-            if failures > retries:
+            if failures > spec.retries:
                 self._set_state(job, FAILED, when=[RUNNING], error=error)
                 log.warning("job %s failed: range %s: %s", job, range_id, error)
                 return

@@ -89,6 +89,10 @@ class Store(Protocol):
         """What is applied of every recorded generation of the named counters, in one query
         (a name without generations is absent from the result)."""
 
+    def recorded_at(self, name: str, generations: Iterable[int]) -> dict[int, float]:
+        """When each of ``generations`` of buffered counter ``name`` was recorded (epoch
+        seconds), in one query; a generation not recorded is absent from the result."""
+
     def advance(self, name: str, generation: int, seen: Flushed, to: Flushed) -> bool:
         """Compare-and-set one generation's applied sums: from ``seen`` to ``to``, only if
         they still are ``seen``. One atomic statement; returns whether it set them."""

@@ -659,6 +659,14 @@ class SqlStore:
             )
         return result
 
+    def recorded_at(self, name: str, generations: Iterable[int]) -> dict[int, float]:
+        table = self.flushed_table
+        statement = sa.select(table.c.generation, table.c.created_at).where(
+            table.c.name == name, table.c.generation.in_(list(generations))
+        )
+        rows = self.read(f"reading the generations of counter {name!r}", statement)
+        return {int(row.generation): float(row.created_at) for row in rows}
+
     def advance(self, name: str, generation: int, seen: Flushed, to: Flushed) -> bool:
         table = self.flushed_table
         statement = (
