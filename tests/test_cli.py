@@ -16,6 +16,7 @@ from click.testing import CliRunner
 import shardkit
 from conftest import CACHE_URLS, PREFIX, require, wait_for
 from shardkit.cli import main
+from shardkit.store.base import Flushed
 
 
 @pytest.fixture
@@ -332,3 +333,54 @@ def test_jobs_resume_runs_a_failed_job_to_completion(  # type: ignore[no-untyped
     assert out.splitlines()[-1] == f"{job.id}: complete, 500 rows"
     with shardkit.connect(sqlite_url, prefix=PREFIX) as kit:
         assert _counts(kit, accounts) == {1: 500}
+
+
+def test_flush_all_exits_1_naming_what_it_could_not_flush(sqlite_url: str, name: str) -> None:
+    redis_url = CACHE_URLS["redis"]
+    require(redis_url)
+    prefix = f"{PREFIX}ff{uuid.uuid4().hex[:6]}_"  # huge values: tables of its own
+    with shardkit.connect(sqlite_url, redis_url, prefix=prefix) as kit:
+        try:
+            full = kit.buffered(name, interval=3600)
+            other = kit.buffered(f"{name}:other", interval=3600)
+            for generation in (1, 2):  # records that put the stored value at 2**63 - 2
+                kit.store.add_generation(name, generation)
+                kit.store.advance(name, generation, Flushed(), Flushed(2**62 - 1, 0))
+            full.incr(2)
+            other.incr(3)
+            args = ["--store", sqlite_url, "--cache", redis_url, "--prefix", prefix]
+            result = CliRunner().invoke(main, [*args, "flush", "--all"])
+            assert result.exit_code == 1
+            assert f"{name}:other +3" in result.stdout  # flushed all the same
+            assert name in result.stderr
+            assert "outside signed 64-bit" in result.stderr
+            assert full.parts() == (2**63 - 2, 2)  # still pending, not lost
+        finally:
+            kit.store.metadata.drop_all(kit.store.engine)  # type: ignore[attr-defined]
+
+
+def test_jobs_purge_deletes_finished_jobs_and_keeps_failed_ones(  # type: ignore[no-untyped-def]
+    run, sqlite_url: str, accounts: sa.Table
+) -> None:
+    with shardkit.connect(sqlite_url, prefix=PREFIX) as kit:
+        done = kit.map(accounts, add_one, transactional=True, page_size=100)
+        done.wait(30)
+        _BROKEN.add(accounts.name)
+        failed = kit.map(accounts, add_one, transactional=True, page_size=100, retries=0)
+        with pytest.raises(shardkit.JobFailed):
+            failed.wait(30)
+        _BROKEN.discard(accounts.name)
+    assert run("jobs", "purge")[1] == "purged 0 finished jobs\n"  # a week: none that old
+    code, out, _ = run("jobs", "purge", "--age", "0")
+    assert code == 0
+    assert int(out.split()[1]) >= 1
+    assert run("jobs", "status", done.id)[0] == 1  # gone, its ranges too
+    with shardkit.connect(sqlite_url, prefix=PREFIX) as kit:
+        ranges = kit.store.ranges_table  # type: ignore[attr-defined]
+        with kit.store.engine.connect() as conn:  # type: ignore[attr-defined]
+            left = conn.execute(sa.select(sa.func.count()).where(ranges.c.job == done.id))
+            assert left.scalar_one() == 0
+    assert "failed" in run("jobs", "status", failed.id)[1]  # kept: it may be resumed
+    code, _, error = run("jobs", "purge", "--age", "nan")
+    assert code == 1
+    assert "age must be" in error

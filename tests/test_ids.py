@@ -100,3 +100,15 @@ def test_concurrent_reservations_are_disjoint(store: Store, name: str) -> None:
     marks: list[int] = []
     run_together(8, lambda _: marks.extend(store.reserve(name, 10) for _ in range(10)))
     assert sorted(marks) == list(range(10, 810, 10))
+
+
+@pytest.mark.parametrize("count", [0, -1, 10**6 + 1, True, 2.0, "3"])
+def test_a_take_of_an_unusable_count_is_refused_and_takes_nothing(
+    sqlite_url: str, name: str, count: Any
+) -> None:
+    with shardkit.connect(sqlite_url, prefix=PREFIX) as kit:
+        ids = kit.ids(name, block=10)
+        assert ids.take(2) == [1, 2]
+        with pytest.raises(ValidationError):
+            ids.take(count)
+        assert ids.next() == 3

@@ -311,6 +311,20 @@ def job_cancel(context: Context, job_id: str) -> None:
         out.print(f"{job_id}: already {context.kit.job(job_id).status().state}")
 
 
+@jobs.command("purge")
+@click.option(
+    "--age",
+    type=float,
+    default=7 * 86400.0,
+    show_default=True,
+    help="Seconds since a job finished.",
+)
+@pass_context
+def job_purge(context: Context, age: float) -> None:
+    """Delete jobs complete or cancelled more than AGE seconds ago (failed ones stay)."""
+    out.print(f"purged {context.kit.purge_jobs(age)} finished jobs")
+
+
 @jobs.command("resume")
 @click.argument("job_id", metavar="ID")
 @pass_context

@@ -32,6 +32,7 @@ from shardkit.mapper.spec import resolve
 from shardkit.store import CounterInfo, Store, open_store
 from shardkit.store.sql import SqlStore
 from shardkit.validation import (
+    check_age,
     check_block,
     check_chance,
     check_interval,
@@ -349,6 +350,13 @@ class Kit:
     def jobs(self) -> list[JobStatus]:
         """The status of every job in the store, newest first."""
         return self.mapper.statuses()
+
+    def purge_jobs(self, age: float = 7 * 86400.0) -> int:
+        """Delete the ledger of the mapping jobs complete or cancelled more than ``age``
+        seconds ago (default a week), ranges included; return how many jobs. Failed jobs
+        are kept, since they may be resumed. Their ids may then be used again."""
+        age = check_age(age)
+        return self.mapper.ledger.purge(time.time() - age)
 
     def purge_keys(self) -> int:
         """Delete idempotency keys older than the kit's ``key_retention``; return how many."""

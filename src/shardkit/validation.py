@@ -16,6 +16,7 @@ from shardkit.errors import (
 
 MAX_NAME_LENGTH = 200
 MAX_BLOCK = 2**40
+MAX_TAKE = 1_000_000  # ids one ``take`` hands out
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 # Durations a cache keeps a key for (flush intervals make deduplication windows, and
@@ -88,6 +89,18 @@ def check_chance(chance: object) -> float:
     if isinstance(chance, bool) or not isinstance(chance, (int, float)) or not 0 <= chance <= 1:
         raise ValidationError(f"chance_to_write must be a number in [0, 1], not {chance!r}")
     return float(chance)
+
+
+def check_age(age: object) -> float:
+    """Return ``age`` (seconds) if it is a finite number in 0 … 100 years."""
+    return _seconds(age, "age", 0.0, MAX_RETENTION, zero=True)
+
+
+def check_count(count: object) -> int:
+    """Return ``count`` if it is an int in 1 … 1,000,000 (not a bool): ids taken at once."""
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_TAKE:
+        raise ValidationError(f"count must be an int in 1..1000000, not {count!r}")
+    return count
 
 
 def check_block(block: object) -> int:

@@ -28,7 +28,7 @@ import time
 from shardkit.counters.base import CounterSettings
 from shardkit.errors import BackendError
 from shardkit.store.base import CounterInfo
-from shardkit.validation import check_block
+from shardkit.validation import check_block, check_count
 
 # Blocks whose key the cache lost at once, or failed to increment, before giving up.
 _ATTEMPTS = 5
@@ -90,8 +90,8 @@ class IdAllocator:
                     raise BackendError(f"cache {cache.url} kept losing the ids of {self.name!r}")
 
     def take(self, count: int) -> list[int]:
-        """``count`` new ids, in increasing order."""
-        return [self.next() for _ in range(count)]
+        """``count`` (1 … 1,000,000) new ids, in increasing order."""
+        return [self.next() for _ in range(check_count(count))]
 
     def _move_on(self, spent: int) -> bool:
         """Leave generation ``spent``: adopt a newer one that the cache points at, or

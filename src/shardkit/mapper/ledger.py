@@ -220,6 +220,25 @@ class RangeLedger:
         )
         return int(conn.execute(statement).scalar_one())
 
+    def purge(self, finished_before: float) -> int:
+        """Delete the jobs complete or cancelled before the epoch time ``finished_before``,
+        with their ranges, in one transaction; return how many jobs. Failed jobs stay:
+        they may be resumed."""
+        jobs, ranges = self.jobs, self.ranges
+        old = sa.select(jobs.c.id).where(
+            jobs.c.state.in_((COMPLETE, CANCELLED)), jobs.c.finished_at < finished_before
+        )
+
+        def work(conn: Connection) -> int:
+            ids = list(conn.execute(old).scalars())
+            for start in range(0, len(ids), 500):
+                some = ids[start : start + 500]
+                conn.execute(sa.delete(ranges).where(ranges.c.job.in_(some)))
+                conn.execute(sa.delete(jobs).where(jobs.c.id.in_(some)))
+            return len(ids)
+
+        return self.store.transaction("purging finished jobs", work)
+
     def statuses(self, job: str | None = None) -> list[JobStatus]:
         """The status of ``job``, or of every job (newest first)."""
         jobs, ranges = self.jobs, self.ranges
