@@ -8,9 +8,9 @@ generations are folded at ``Kit.close()``, never by flushes. Every ``--every``
 rounds it prints a row: Python memory (tracemalloc, after a GC), at-fork registrations
 (``shardkit._fork._OWNERS``), live local executors (``shardkit.executor.local._OPEN``),
 rows in the store's ``flushed``, ``jobs`` and ``ranges`` tables, and the entries of the
-kit's ``memory://`` cache. After warm-up every column but ``jobs``/``ranges`` (the job
-ledger keeps one row per job and per range: history, not a leak of the process) should
-stay flat.
+kit's ``memory://`` cache. Finished jobs are purged ``--job-age`` seconds after they end
+(``kit.purge_jobs``), as a long-running service would. After warm-up every column
+should stay flat.
 
     python benchmarks/soak.py                       # temporary SQLite file, memory cache
     python benchmarks/soak.py --store postgresql://postgres@127.0.0.1:5432/test \\
@@ -55,6 +55,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         default=2.0,
         help="seconds before a dead buffered generation is folded (2; the library's is 600)",
+    )
+    parser.add_argument(
+        "--job-age",
+        type=float,
+        default=5.0,
+        help="seconds after which finished jobs are purged (5; kit.purge_jobs' is a week)",
     )
     return parser.parse_args(argv)
 
@@ -129,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
 
             kit.map(accounts, fn, transactional=True, page_size=50, fanout=4).wait(60)
+            kit.purge_jobs(args.job_age)
             kit.flush_all()
             if kit.cache.shared:
                 lose_generations(kit, names)
@@ -145,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                     str(count_rows(store, store.flushed_table)),
                     str(count_rows(store, store.jobs_table)),
                     str(count_rows(store, store.ranges_table)),
-                    str(len(cache._data)) if isinstance(cache, MemoryCache) else "-",
+                    str(cache.size()) if isinstance(cache, MemoryCache) else "-",
                 )
                 console.print(f"round {number}: {time.monotonic() - started:.0f} s")
         tracemalloc.stop()
