@@ -266,6 +266,15 @@ def kit(store_url: str, cache_url: str) -> Iterator[shardkit.Kit]:
 
 
 @pytest.fixture
+def big(store_url: str, cache_url: str) -> Iterator[shardkit.Kit]:
+    """A kit on tables of its own, dropped after the test: the huge values counted there
+    would widen other tests' ``shardkit list`` tables."""
+    with Target(store_url, cache_url, prefix=f"{PREFIX}big_").connect() as the_kit:
+        yield the_kit
+        the_kit.store.metadata.drop_all(the_kit.store.engine)  # type: ignore[attr-defined]
+
+
+@pytest.fixture
 def name() -> str:
     """A counter name no other test or run uses."""
     return f"test:{uuid.uuid4().hex}"

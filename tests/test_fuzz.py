@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import shardkit
-from conftest import PREFIX, Target
+from conftest import PREFIX
 from shardkit.counters.buffered import MAX_DELTA
 from shardkit.errors import BackendError, ShardkitError
 
@@ -85,15 +85,6 @@ def attempt(call: Callable[[], _T], *, wrong_type: bool = False) -> tuple[bool, 
         return False, None
 
 
-@pytest.fixture
-def fuzz_kit(store_url: str, cache_url: str) -> Iterator[shardkit.Kit]:
-    """A kit on tables of its own, dropped after the test: the huge values counted here
-    would widen other tests' ``shardkit list`` tables."""
-    with Target(store_url, cache_url, prefix=f"{PREFIX}fz_").connect() as kit:
-        yield kit
-        kit.store.metadata.drop_all(kit.store.engine)  # type: ignore[attr-defined]
-
-
 def _open(open_: Callable[[], _T], name: object, wrong_type: bool) -> _T | None:
     """The counter ``open_()`` opens, or None when it refused (a bad name or option, or
     a name used by another kind)."""
@@ -118,10 +109,10 @@ KEYS = st.one_of(st.none(), NAMES)
     grow=2,
 ).via("a shard's overflow")
 def test_sharded_counters(
-    fuzz_kit: shardkit.Kit, name: Any, shards: Any, ops: list[tuple[str, Any]], key: Any, grow: Any
+    big: shardkit.Kit, name: Any, shards: Any, ops: list[tuple[str, Any]], key: Any, grow: Any
 ) -> None:
     counter = _open(
-        lambda: fuzz_kit.sharded(name, shards),
+        lambda: big.sharded(name, shards),
         name,
         _wrong_type(name, str) or (shards is not None and _wrong_type(shards, int)),
     )
@@ -147,9 +138,9 @@ def test_sharded_counters(
 @fuzz
 @given(name=NAMES, interval=NUMBERS, ops=OPS, flush=st.sampled_from(["flush", "flush_all", None]))
 def test_buffered_counters(
-    fuzz_kit: shardkit.Kit, name: Any, interval: Any, ops: list[tuple[str, Any]], flush: Any
+    big: shardkit.Kit, name: Any, interval: Any, ops: list[tuple[str, Any]], flush: Any
 ) -> None:
-    counter = _open(lambda: fuzz_kit.buffered(name, interval), name, _wrong_type(name, str))
+    counter = _open(lambda: big.buffered(name, interval), name, _wrong_type(name, str))
     if counter is None:
         return
     for op, delta in ops:
@@ -165,7 +156,7 @@ def test_buffered_counters(
     if flush == "flush":
         counter.flush()
     elif flush == "flush_all":
-        fuzz_kit.flush_all()
+        big.flush_all()
     assert counter.value() == value
     if flush:
         assert counter.parts() == (value, 0)
@@ -179,10 +170,10 @@ def test_buffered_counters(
     deltas=st.lists(DELTAS, max_size=6),
 )
 def test_monotonic_counters(
-    fuzz_kit: shardkit.Kit, name: Any, shards: Any, chance: Any, deltas: list[Any]
+    big: shardkit.Kit, name: Any, shards: Any, chance: Any, deltas: list[Any]
 ) -> None:
     counter = _open(
-        lambda: fuzz_kit.monotonic(name, shards, chance),
+        lambda: big.monotonic(name, shards, chance),
         name,
         _wrong_type(name, str) or (shards is not None and _wrong_type(shards, int)),
     )
@@ -201,8 +192,8 @@ def test_monotonic_counters(
 
 @fuzz
 @given(name=NAMES, block=NUMBERS, counts=st.lists(NUMBERS, max_size=4))
-def test_id_allocators(fuzz_kit: shardkit.Kit, name: Any, block: Any, counts: list[Any]) -> None:
-    allocator = _open(lambda: fuzz_kit.ids(name, block), name, _wrong_type(name, str))
+def test_id_allocators(big: shardkit.Kit, name: Any, block: Any, counts: list[Any]) -> None:
+    allocator = _open(lambda: big.ids(name, block), name, _wrong_type(name, str))
     if allocator is None:
         return
     handed: list[int] = []
@@ -223,14 +214,14 @@ def test_id_allocators(fuzz_kit: shardkit.Kit, name: Any, block: Any, counts: li
 
 @fuzz
 @given(names=st.lists(NAMES, max_size=4), one=NAMES)
-def test_reading_many_counters(fuzz_kit: shardkit.Kit, names: list[Any], one: Any) -> None:
+def test_reading_many_counters(big: shardkit.Kit, names: list[Any], one: Any) -> None:
     wrong = any(_wrong_type(name, str) for name in names)
-    for read in (fuzz_kit.values, fuzz_kit.parts):
+    for read in (big.values, big.parts):
         done, found = attempt(partial(read, names), wrong_type=wrong)
         if done:
             assert found is not None
             assert set(found) == set(names)
-    done, counter = attempt(lambda: fuzz_kit.get(one), wrong_type=_wrong_type(one, str))
+    done, counter = attempt(lambda: big.get(one), wrong_type=_wrong_type(one, str))
     if done:
         assert counter is not None
         assert counter.name == one
@@ -254,8 +245,8 @@ MAPPER_OPTIONS = st.one_of(
 
 
 @pytest.fixture
-def tiny_table(fuzz_kit: shardkit.Kit) -> Iterator[sa.Table]:
-    engine: sa.Engine = fuzz_kit.store.engine  # type: ignore[attr-defined]
+def tiny_table(big: shardkit.Kit) -> Iterator[sa.Table]:
+    engine: sa.Engine = big.store.engine  # type: ignore[attr-defined]
     metadata = sa.MetaData()
     table = sa.Table(
         f"{PREFIX}fz_rows_{uuid.uuid4().hex[:8]}",
@@ -272,7 +263,7 @@ def tiny_table(fuzz_kit: shardkit.Kit) -> Iterator[sa.Table]:
 @fuzz
 @given(page_size=MAPPER_OPTIONS, fanout=MAPPER_OPTIONS, retries=MAPPER_OPTIONS, job=JOB_IDS)
 def test_mapper_options(
-    fuzz_kit: shardkit.Kit,
+    big: shardkit.Kit,
     tiny_table: sa.Table,
     page_size: Any,
     fanout: Any,
@@ -288,18 +279,18 @@ def test_mapper_options(
         with lock:
             seen.extend(row["id"] for row in batch.rows)
 
-    jobs = len(fuzz_kit.jobs())
+    jobs = len(big.jobs())
     wrong = any(_wrong_type(v, int) for v in (page_size, fanout, retries)) or not isinstance(
         job, str | None
     )
     done, started = attempt(
-        lambda: fuzz_kit.map(
+        lambda: big.map(
             tiny_table, visit, page_size=page_size, fanout=fanout, retries=retries, job=job
         ),
         wrong_type=wrong,
     )
     if not done:
-        assert len(fuzz_kit.jobs()) == jobs
+        assert len(big.jobs()) == jobs
         return
     assert started is not None
     status = started.wait(timeout=120)

@@ -4,26 +4,16 @@ harmless by the design (see issue 14, point 1)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import shardkit
-from conftest import PREFIX, Target
+from conftest import PREFIX
 from shardkit import _urls
 from shardkit.counters.buffered import _BASE, _FULL, MAX_DELTA, BufferedCounter
 from shardkit.errors import ConfigurationError, CounterOverflow, FlushFailed, InvalidDelta
 from shardkit.store.base import Flushed
-
-
-@pytest.fixture
-def big(store_url: str, cache_url: str) -> Iterator[shardkit.Kit]:
-    """A kit on tables of its own, dropped after the test: the huge values counted here
-    would widen other tests' ``shardkit list`` tables."""
-    with Target(store_url, cache_url, prefix=f"{PREFIX}big_").connect() as kit:
-        yield kit
-        kit.store.metadata.drop_all(kit.store.engine)  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("delta", [MAX_DELTA + 1, -MAX_DELTA - 1, 2**62, 2**63 - 1])
