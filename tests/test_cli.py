@@ -210,9 +210,12 @@ def test_worker_flushes_in_the_foreground_until_interrupted(sqlite_url: str, nam
             wait_for(lambda: any(f"{name} +6" in line for line in lines), "the worker's report")
             assert hits.parts() == (6, 0)
             worker.send_signal(signal.SIGINT)
-            assert worker.wait(timeout=10) == 0
+            # A wide bound: a flush waiting on SQLite's write lock (up to its busy
+            # timeout) sees the interrupt only when the lock is granted.
+            assert worker.wait(timeout=90) == 0
         finally:
             worker.kill()
+            worker.wait()  # reaped here, not reported by a later test's garbage collection
             reader.join(timeout=10)
             worker.stdout.close()  # type: ignore[union-attr]
     assert lines[-1] == "stopped\n"
