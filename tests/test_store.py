@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import random
 import time
+import uuid
 
 import pytest
 
-from conftest import run_together
+from conftest import PREFIX, STORE_URLS, run_together, store_url_for
 from shardkit.errors import CounterKindMismatch, CounterOverflow
-from shardkit.store import Flushed, Store
+from shardkit.store import Flushed, Store, open_store
 from shardkit.store.base import RETIRED
 from shardkit.validation import INT64_MAX, INT64_MIN
 
@@ -192,3 +193,21 @@ def test_raise_max_only_raises_and_maxima_reads_the_highest_shard(store: Store, 
 def test_concurrent_raises_keep_the_highest(store: Store, name: str) -> None:
     run_together(8, lambda index: [store.raise_max(name, 0, index * 100 + i) for i in range(20)])
     assert store.maxima([name])[name] == 719
+
+
+@pytest.mark.parametrize("kind", list(STORE_URLS))
+def test_racing_schema_creations_all_succeed(kind: str, sqlite_url: str) -> None:
+    """Processes that start together (a Celery worker and its app, gunicorn workers) each
+    create the schema: every racer succeeds, however their table creations interleave."""
+    url = store_url_for(kind, sqlite_url)
+    for _ in range(3):
+        prefix = f"{PREFIX}race{uuid.uuid4().hex[:6]}_"
+        stores = [open_store(url, prefix=prefix) for _ in range(6)]
+        try:
+            run_together(len(stores), lambda i, racers=stores: racers[i].create_schema())
+            stores[0].add("race", 0, 1)
+            assert stores[-1].total("race") == 1
+        finally:
+            stores[0].metadata.drop_all(stores[0].engine)  # type: ignore[attr-defined]
+            for store in stores:
+                store.close()

@@ -454,19 +454,22 @@ class SqlStore:
     # -- schema ------------------------------------------------------------------------
 
     def create_schema(self) -> None:
-        """Create the tables if missing. Concurrent callers may race: the loser's
-        "already exists" error is absorbed by a second, checking, attempt."""
+        """Create the tables if missing. Concurrent callers may race: a loser's "already
+        exists" error is absorbed by another, checking, attempt. Each failed attempt
+        means a racer created a table meanwhile, so one attempt per table (and one more)
+        is enough however the racers interleave."""
+        attempts = len(self.metadata.tables) + 1
         try:
             with self.engine.begin() as conn:
                 if self.dialect.name == "sqlite" and self.engine.url.database:
                     conn.exec_driver_sql("PRAGMA journal_mode=WAL")
-            for attempt in range(2):
+            for attempt in range(attempts):
                 try:
                     self.metadata.create_all(self.engine, checkfirst=True)
                     self.add_missing_columns()
                     return
                 except (sa.exc.ProgrammingError, sa.exc.IntegrityError, sa.exc.OperationalError):
-                    if attempt:
+                    if attempt == attempts - 1:
                         raise
         except SQLAlchemyError as exc:
             raise self._error(exc, "creating the schema") from exc
