@@ -77,7 +77,7 @@ def test_shard_rows_are_created_lazily_within_the_shard_count(kit: shardkit.Kit,
     assert all(0 <= shard < 50 for shard in rows)
 
 
-def test_concurrent_writers_each_get_their_own_shard(kit: shardkit.Kit, name: str) -> None:
+def test_concurrent_writers_write_their_own_shards(kit: shardkit.Kit, name: str) -> None:
     votes = kit.sharded(name, shards=20)
 
     def work(_: int) -> None:
@@ -86,8 +86,10 @@ def test_concurrent_writers_each_get_their_own_shard(kit: shardkit.Kit, name: st
 
     run_together(8, work)
     rows = shard_values(kit, "shards", name)
-    assert sorted(rows.values()) == [25] * 8  # eight rows, one per writer, none shared
-    assert votes.value(fresh=True) == 200
+    # Each combined statement goes to its leader's home shard: eight writers, at most
+    # eight rows (one, if a single thread led every batch).
+    assert 1 <= len(rows) <= 8
+    assert sum(rows.values()) == votes.value(fresh=True) == 200
 
 
 def test_idempotency_key_applies_once(kit: shardkit.Kit, name: str) -> None:

@@ -124,6 +124,7 @@ class Kit:
         values; then close the connections the kit opened (live engines and clients stay
         open)."""
         self.executor.close()
+        self._settings.adjuster.close()
         if not self.cache.shared:
             with self._lock:
                 counters = list(self._counters.values())
@@ -273,6 +274,7 @@ class Kit:
         keys = {settings.cache_key(name, "sharded:value"): name for name in wanted}
         found: dict[str, int] = {}
         if not fresh:
+            settings.adjuster.sync()  # this process's own writes are in what it reads
             try:
                 found = {keys[k]: v for k, v in self.cache.get_many(list(keys)).items()}
             except ShardkitError:
@@ -371,6 +373,7 @@ def connect(
     cache_ttl: float = 5.0,
     max_shards: int = 1000,
     key_retention: float = 86400.0,
+    adjust_delay: float = 0.02,
     executor: Executor | None = None,
     secret: str | bytes | None = None,
 ) -> Kit:
@@ -384,13 +387,16 @@ def connect(
     the password. ``executor`` runs background work such as buffered counters' flushes:
     a ``LocalExecutor`` (threads of this process, the default) or a
     ``shardkit.contrib.celery.CeleryExecutor``. ``secret`` (default
-    ``$SHARDKIT_SECRET``) signs the pickled closures of mapping jobs.
+    ``$SHARDKIT_SECRET``) signs the pickled closures of mapping jobs. ``adjust_delay``
+    (seconds, ≤ 60) is how long sharded writes' adjustments of cached values gather in
+    a process before they are sent together: how stale ``value()`` may be in other
+    processes, traded against one cache call per write at 0.
 
     A store given by URL keeps a connection open for each worker of a local executor,
     and one for the calling thread (at least 5); an ``Engine`` handed in keeps its own
     pool, which should be as large (a smaller one is logged as a warning).
     """
-    check_kit_options(prefix, cache_ttl, max_shards, key_retention)
+    check_kit_options(prefix, cache_ttl, max_shards, key_retention, adjust_delay)
     store = store or os.environ.get("SHARDKIT_STORE") or DEFAULT_STORE
     executor = executor or LocalExecutor()
     pool_size = max(5, executor.workers + 1) if isinstance(executor, LocalExecutor) else None
@@ -416,6 +422,7 @@ def connect(
         cache_ttl=cache_ttl,
         max_shards=max_shards,
         key_retention=key_retention,
+        adjust_delay=adjust_delay,
         executor=executor,
         secret=secret,
     )
@@ -444,18 +451,20 @@ def build(
     cache_ttl: float = 5.0,
     max_shards: int = 1000,
     key_retention: float = 86400.0,
+    adjust_delay: float = 0.02,
     executor: Executor | None = None,
     secret: str | bytes | None = None,
 ) -> Kit:
     """A kit on a store and a cache that are open already, with ``connect``'s options.
     Reaches neither: no schema is created and no server is pinged (integrations that
     manage their own schema, such as the Django app, build their kit with this)."""
-    check_kit_options(prefix, cache_ttl, max_shards, key_retention)
+    check_kit_options(prefix, cache_ttl, max_shards, key_retention, adjust_delay)
     settings = CounterSettings(
         store=store,
         cache=cache,
         cache_ttl=cache_ttl,
         max_shards=max_shards,
         key_retention=key_retention,
+        adjust_delay=float(adjust_delay),
     )
     return Kit(settings, executor or LocalExecutor(), secret or os.environ.get("SHARDKIT_SECRET"))

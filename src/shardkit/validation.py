@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
+from collections.abc import Iterable
 
 from shardkit.errors import (
     ConfigurationError,
@@ -67,6 +68,18 @@ def check_delta(delta: object) -> int:
     if not INT64_MIN <= delta <= INT64_MAX:
         raise InvalidDelta(f"delta {delta} is outside signed 64-bit")
     return delta
+
+
+def sums_fit(deltas: Iterable[int]) -> bool:
+    """Whether every sum of some of ``deltas`` lies within signed 64-bit: a combined
+    write of any of them cannot overflow its own parameter."""
+    up = down = 0
+    for delta in deltas:
+        if delta > 0:
+            up += delta
+        else:
+            down += delta
+    return up <= INT64_MAX and down >= INT64_MIN
 
 
 def check_shards(shards: object, maximum: int) -> int:
@@ -132,16 +145,22 @@ def check_mapping(page_size: object, fanout: object, retries: object) -> None:
 
 
 def check_kit_options(
-    prefix: object, cache_ttl: object, max_shards: object, key_retention: object
+    prefix: object,
+    cache_ttl: object,
+    max_shards: object,
+    key_retention: object,
+    adjust_delay: object = 0.02,
 ) -> None:
     """Validate a kit's options: ``prefix`` an identifier of at most 40 characters (it
     begins table names), ``cache_ttl`` in (0, 30 days], ``max_shards`` ≥ 1,
-    ``key_retention`` in [0, 100 years] (finite numbers of seconds)."""
+    ``key_retention`` in [0, 100 years], ``adjust_delay`` in [0, 60] (finite numbers of
+    seconds)."""
     if not isinstance(prefix, str) or not prefix.isidentifier() or len(prefix) > 40:
         raise ConfigurationError(f"table prefix must be an identifier, ≤ 40 characters: {prefix!r}")
     try:
         _seconds(cache_ttl, "cache_ttl", 0, MAX_TTL)
         _seconds(key_retention, "key_retention", 0, MAX_RETENTION, zero=True)
+        _seconds(adjust_delay, "adjust_delay", 0, 60, zero=True)
     except ValidationError as exc:
         raise ConfigurationError(str(exc)) from None
     if isinstance(max_shards, bool) or not isinstance(max_shards, int) or max_shards < 1:

@@ -7,7 +7,7 @@ restart); counters stay correct when it does, only slower or staler within their
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol, runtime_checkable
 
 from shardkit.errors import BackendError
@@ -38,6 +38,10 @@ class Cache(Protocol):
     def incr(self, key: str, delta: int) -> int | None:
         """Add ``delta`` (may be negative) to ``key`` if present and return the new value;
         an absent key is left absent and None returned. Atomic; keeps the key's TTL."""
+
+    def incr_many(self, deltas: Mapping[str, int]) -> None:
+        """``incr`` of many keys, in one round trip where the cache can (Redis); each key
+        atomically. A failure may leave some of them incremented."""
 
     def bump(self, key: str, delta: int) -> int:
         """Add ``delta`` to ``key``, creating it at 0 (with no TTL) first if absent; return

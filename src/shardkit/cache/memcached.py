@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shardkit import _urls
@@ -110,6 +110,11 @@ class MemcachedCache:
         either way: a rewrite that loses a race reads the key again."""
         value: int | None = self._call("incrementing", self._incr, _encode_key(key), delta)
         return value
+
+    def incr_many(self, deltas: Mapping[str, int]) -> None:
+        # memcached has no multi-key increment: one round trip per key.
+        for key, delta in deltas.items():
+            self.incr(key, delta)
 
     def _incr(self, encoded: str, delta: int) -> int | None:
         method = self._client.incr if delta >= 0 else self._client.decr

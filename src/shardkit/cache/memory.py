@@ -6,7 +6,7 @@ import heapq
 import math
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from shardkit._fork import reset_in_child
 
@@ -100,6 +100,10 @@ class MemoryCache:
                 return None
             self._data[key] = (entry[0] + delta, entry[1])  # its TTL, already in the heap
             return entry[0] + delta
+
+    def incr_many(self, deltas: Mapping[str, int]) -> None:
+        for key, delta in deltas.items():
+            self.incr(key, delta)
 
     def bump(self, key: str, delta: int) -> int:
         now = time.monotonic()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,6 +20,14 @@ if redis.call('exists', KEYS[1]) == 1 then
   return redis.call('get', KEYS[1])
 end
 return false
+"""
+# The same for many keys, their deltas in ARGV; nothing returned.
+_INCR_MANY_IF_EXIST = """
+for i, key in ipairs(KEYS) do
+  if redis.call('exists', key) == 1 then
+    redis.call('incrby', key, ARGV[i])
+  end
+end
 """
 
 
@@ -56,6 +64,7 @@ class RedisCache:
         )
         self._password = urlsplit(url).password if url else kwargs.get("password")
         self._incr = client.register_script(_INCR_IF_EXISTS)
+        self._incr_many = client.register_script(_INCR_MANY_IF_EXIST)
 
     @classmethod
     def from_url(cls, url: str) -> RedisCache:
@@ -100,6 +109,12 @@ class RedisCache:
     def incr(self, key: str, delta: int) -> int | None:
         value = self._call("incrementing", self._incr, keys=[key], args=[delta])
         return None if value is None else int(value)
+
+    def incr_many(self, deltas: Mapping[str, int]) -> None:
+        if deltas:
+            self._call(
+                "incrementing", self._incr_many, keys=list(deltas), args=list(deltas.values())
+            )
 
     def bump(self, key: str, delta: int) -> int:
         return int(self._call("incrementing", self._client.incrby, key, delta))

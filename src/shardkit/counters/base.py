@@ -10,6 +10,7 @@ from functools import cached_property
 
 from shardkit._failures import FailureLog
 from shardkit.cache.base import Cache
+from shardkit.counters.adjuster import Adjuster
 from shardkit.errors import BackendError
 from shardkit.store.base import Store
 
@@ -30,9 +31,18 @@ class CounterSettings:
     fold_after: float = 600.0
     """Seconds after it was recorded before a buffered counter's dead generation (one
     whose cache keys are gone) is folded into its ``RETIRED`` generation by a flush."""
+    adjust_delay: float = 0.02
+    """Seconds a sharded write's adjustment of its cached value may wait, to be sent
+    with others (see ``Adjuster``)."""
     random: Callable[[], float] = field(default=random.random)
     failures: FailureLog = field(default_factory=FailureLog, compare=False, repr=False)
     """Where the kit's counters log failures that do not fail their call, rate-limited."""
+    adjuster: Adjuster = field(init=False, compare=False, repr=False)
+    """Where sharded writes leave their adjustments of cached values."""
+
+    def __post_init__(self) -> None:
+        adjuster = Adjuster(self.cache, self.failures, self.adjust_delay)
+        object.__setattr__(self, "adjuster", adjuster)  # frozen, but built from the rest
 
     @cached_property
     def namespace(self) -> str:

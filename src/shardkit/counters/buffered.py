@@ -46,10 +46,11 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import NamedTuple
 
+from shardkit._combine import Combiner
 from shardkit.counters.base import CounterSettings
 from shardkit.errors import (
     BackendError,
@@ -123,6 +124,12 @@ class BufferedCounter:
         # child's copy must never retire its parent's live generation.
         self._started: list[tuple[int, int]] = []  # (pid, generation)
         self._scheduled: tuple[int, int] | None = None  # (pid, interval number)
+        # Concurrent increments (and decrements) from this process's threads share one
+        # cache command.
+        self._bumps = (
+            Combiner(partial(self._bump, 0)),
+            Combiner(partial(self._bump, 1)),
+        )
 
     def __repr__(self) -> str:
         return f"<BufferedCounter {self.name!r} interval={self.interval}>"
@@ -134,8 +141,10 @@ class BufferedCounter:
 
     def incr(self, delta: int = 1) -> None:
         """Add ``delta``, an int within ±``MAX_DELTA`` (2**40; a larger one raises
-        ``InvalidDelta`` and counts nothing); one cache round trip, plus one per interval
-        per process to schedule the flush (and one when the generation fills).
+        ``InvalidDelta`` and counts nothing); one cache round trip, which concurrent
+        increments from other threads of the process share (it returns once the cache
+        has taken it), plus one per interval per process to schedule the flush (and one
+        when the generation fills).
 
         A call that raises ``BackendError`` may or may not have counted.
         """
@@ -144,21 +153,25 @@ class BufferedCounter:
             return
         if abs(delta) > MAX_DELTA:
             raise InvalidDelta(f"delta {delta} is outside ±2**40, a buffered counter's limit")
-        side = 0 if delta > 0 else 1
+        self._bumps[delta < 0](abs(delta))
+        self._schedule()
+
+    def _bump(self, side: int, amounts: Sequence[int]) -> list[None]:
+        """Add a batch of increments (``side`` 0) or decrements (1) to the generation's
+        sum, in one cache command."""
+        amount = sum(amounts)
         cache = self._settings.cache
         writing = self._writing
         for _ in range(_ATTEMPTS):
             if writing is None:
                 writing = self._adopt(dead=None)
-            total = cache.bump(writing[1][side], abs(delta)) - _BASE
-            if total >= abs(delta):
+            total = cache.bump(writing[1][side], amount) - _BASE
+            if total >= amount:
                 if total > _FULL:  # counted; the next increments go to a new generation
                     self._settings.best_effort(_MOVE, partial(self._adopt, writing[0]))
-                break
+                return [None] * len(amounts)
             writing = self._adopt(dead=writing[0])
-        else:
-            raise BackendError(f"cache {cache.url} kept losing counter {self.name!r}'s keys")
-        self._schedule()
+        raise BackendError(f"cache {cache.url} kept losing counter {self.name!r}'s keys")
 
     def decr(self, delta: int = 1) -> None:
         """Subtract ``delta``; the same contract as ``incr``."""

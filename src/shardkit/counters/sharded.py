@@ -6,11 +6,13 @@ import os
 import random
 import threading
 import time
+from collections.abc import Sequence
 
+from shardkit._combine import Combiner
 from shardkit.counters.base import CounterSettings
-from shardkit.errors import BackendError
+from shardkit.errors import BackendError, ShardkitError
 from shardkit.store.base import CounterInfo
-from shardkit.validation import check_delta, check_name, check_shards
+from shardkit.validation import check_delta, check_name, check_shards, sums_fit
 
 # How often a writer re-reads the shard count, to follow a grow() made elsewhere.
 _SHARDS_REFRESH = 10.0
@@ -19,6 +21,8 @@ _PURGE_CHANCE = 1 / 1000
 # Kinds of cache failures that the counter rides out (logged by the kit's FailureLog).
 _TICKET = "taking a shard ticket"
 _READ = "reading a cached value"
+
+_Write = tuple[int, str | None]  # (delta, idempotency key)
 
 
 class ShardedCounter:
@@ -35,12 +39,21 @@ class ShardedCounter:
       no-op.
     * ``value(fresh=True)`` is exact: the sum of whatever shard rows exist, so growing
       the shard count never changes the value. ``value()`` serves the cached sum when
-      present: it may differ from the exact value by writes racing with the cache fill,
-      for at most ``cache_ttl`` seconds.
+      present, which writes move off their callers' path (see ``Adjuster``): it shows
+      every write of the calling process, and another process's within about the
+      kit's ``adjust_delay`` (0.02 s); writes racing with the cache's fill (read from the
+      store on a miss) may be missing from it or counted twice, for at most
+      ``cache_ttl`` seconds.
+    * Concurrent increments from threads of one process are combined (except on a
+      Django store, where each belongs to its caller's transaction): one statement
+      carries them all (one transaction, with idempotency keys), and each call returns
+      once that has committed. It applies all of them or none: when it fails, every call
+      in it raises.
 
     Each writing thread has a *home shard*, handed out round-robin through the cache, so
-    up to ``shards`` concurrent writers (across processes, with a shared cache) each
-    write their own row and never wait on another's row lock.
+    up to ``shards`` concurrent writers (processes, with a shared cache; threads whose
+    writes are not combined) each write their own row and never wait on another's row
+    lock.
 
     Thread-safe; usable in a forked child.
     """
@@ -55,6 +68,9 @@ class ShardedCounter:
         self._value_key = settings.cache_key(self.name, "sharded:value")
         self._ticket_key = settings.cache_key(self.name, "sharded:ticket")
         self._local = threading.local()
+        # Concurrent writes from this process's threads share one statement, unless each
+        # belongs to its caller's transaction.
+        self._combiner = Combiner(self._write) if settings.store.combinable else None
 
     def __repr__(self) -> str:
         return f"<ShardedCounter {self.name!r} shards={self._shards}>"
@@ -76,22 +92,35 @@ class ShardedCounter:
         settings = self._settings
         if key is not None:
             check_name(key, "idempotency key")
-        applied = settings.store.add(self.name, self._home_shard(), delta, key)
-        if applied:
-            settings.best_effort("adjusting a cached value", lambda: self._adjust(delta))
+        if self._combiner is None:
+            applied = self._write([(delta, key)])[0]
+        else:
+            applied = self._combiner((delta, key))
+        if isinstance(applied, ShardkitError):
+            raise applied
         if key is not None and settings.random() < _PURGE_CHANCE:
             settings.store.purge_keys(time.time() - settings.key_retention)
         return applied
 
-    def _adjust(self, delta: int) -> None:
-        """Move the cached value by ``delta``; if the cache fails to, drop the value, so
-        that the next read goes to the store rather than serve it stale for its TTL."""
-        cache = self._settings.cache
-        try:
-            cache.incr(self._value_key, delta)
-        except BackendError:
-            cache.delete(self._value_key)
-            raise
+    def _write(self, writes: Sequence[_Write]) -> list[bool | ShardkitError]:
+        """Write a batch of ``(delta, key)`` to this thread's home shard, in one statement
+        (or transaction, with keys); then leave the applied sum to the kit's adjuster.
+        Writes that might sum outside signed 64-bit are made one by one, each with its
+        own outcome."""
+        store, shard = self._settings.store, self._home_shard()
+        if len(writes) > 1 and not sums_fit([delta for delta, _ in writes]):
+            outcomes: list[bool | ShardkitError] = []
+            for write in writes:
+                try:
+                    outcomes.extend(self._write([write]))
+                except ShardkitError as exc:
+                    outcomes.append(exc)
+            return outcomes
+        applied = store.add_many(self.name, shard, writes)
+        moved = sum(delta for (delta, _), ok in zip(writes, applied, strict=True) if ok)
+        if moved:
+            self._settings.adjuster.add(self._value_key, moved)
+        return list(applied)
 
     def _home_shard(self) -> int:
         # Keyed by process: a forked child takes its own ticket, not its parent's shard.
@@ -147,6 +176,7 @@ class ShardedCounter:
         """The counter's value: cached (stale by at most ``cache_ttl``) unless ``fresh``."""
         settings = self._settings
         if not fresh:
+            settings.adjuster.sync()  # this process's own writes are in what it reads
             try:
                 cached = settings.cache.get(self._value_key)
             except BackendError as exc:

@@ -3,7 +3,7 @@ keys live. Every method is atomic; none reads then writes across calls."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -67,12 +67,25 @@ class Store(Protocol):
     def counters(self) -> list[CounterInfo]:
         """Every counter, ordered by name."""
 
+    combinable: bool
+    """Whether writes from different threads may be combined into one statement (False
+    when each write belongs to its caller's own transaction)."""
+
     def add(self, name: str, shard: int, delta: int, key: str | None = None) -> bool:
         """Add ``delta`` to one shard row, creating the row if needed, in one atomic step.
 
         With ``key``, the key is recorded in the same transaction: a key already recorded
         for ``name`` makes the call a no-op that returns False. Returns True when applied.
         """
+
+    def add_many(
+        self, name: str, shard: int, writes: Sequence[tuple[int, str | None]]
+    ) -> list[bool]:
+        """``add`` of many ``(delta, key)`` writes to one shard row, atomically: all of
+        them or none. Without keys, one statement adding their sum; with keys, one
+        transaction in which a key recorded before, or earlier in ``writes``, leaves its
+        write out (False). ``InvalidDelta``, writing nothing, if a sum of applied deltas
+        could leave signed 64-bit."""
 
     def total(self, name: str) -> int:
         """Exact value of ``name`` in the store: the sum of its shard rows and the net of its

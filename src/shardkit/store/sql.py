@@ -32,11 +32,12 @@ from shardkit.errors import (
     ConfigurationError,
     CounterKindMismatch,
     CounterOverflow,
+    InvalidDelta,
     MissingDriver,
     ShardkitError,
 )
 from shardkit.store.base import RETIRED, CounterInfo, Flushed
-from shardkit.validation import MAX_NAME_LENGTH
+from shardkit.validation import MAX_NAME_LENGTH, sums_fit
 
 _T = TypeVar("_T")
 _Merge = Callable[[Any, Any], Any]  # (existing column, incoming value) -> new value
@@ -299,6 +300,8 @@ class SqlStore:
     so other users of the engine's pool are never starved).
     """
 
+    combinable = True  # its writes run on connections of its own
+
     def __init__(self, engine: Engine, *, prefix: str = "shardkit_", owns_engine: bool = False):
         self.engine = engine
         self.url = engine.url.render_as_string(hide_password=True)
@@ -546,19 +549,41 @@ class SqlStore:
     # -- writes ------------------------------------------------------------------------
 
     def add(self, name: str, shard: int, delta: int, key: str | None = None) -> bool:
-        params = {"p_name": name, "p_shard": shard, "p_value": delta}
-        if key is None:
-            self._fast(params)
-            return True
+        return self.add_many(name, shard, [(delta, key)])[0]
 
-        def work(conn: Connection) -> bool:
-            row = {"name": name, "key": key, "created_at": time.time()}
-            if not self.dialect.insert_ignore(conn, self.keys_table, row):
-                return False
-            conn.execute(self._upsert_add, params)
-            return True
+    def add_many(
+        self, name: str, shard: int, writes: Sequence[tuple[int, str | None]]
+    ) -> list[bool]:
+        if not sums_fit([delta for delta, _ in writes]):
+            raise InvalidDelta(f"{len(writes)} deltas could sum outside signed 64-bit")
+        keyed = [key for _, key in writes if key is not None]
+        if not keyed:
+            self._fast(self._add_params(name, shard, [delta for delta, _ in writes]))
+            return [True] * len(writes)
+
+        def work(conn: Connection) -> list[bool]:
+            created_at = time.time()
+            new = {
+                key
+                for key in dict.fromkeys(keyed)
+                if self.dialect.insert_ignore(
+                    conn, self.keys_table, {"name": name, "key": key, "created_at": created_at}
+                )
+            }
+            applied = []
+            for _, key in writes:
+                applied.append(key is None or key in new)
+                new.discard(key)  # a key repeated in ``writes`` applies once, first
+            deltas = [delta for (delta, _), ok in zip(writes, applied, strict=True) if ok]
+            if deltas:
+                conn.execute(self._upsert_add, self._add_params(name, shard, deltas))
+            return applied
 
         return self.transaction(f"adding to counter {name!r}", work)
+
+    @staticmethod
+    def _add_params(name: str, shard: int, deltas: Sequence[int]) -> dict[str, Any]:
+        return {"p_name": name, "p_shard": shard, "p_value": sum(deltas)}
 
     def _fast(self, params: Mapping[str, Any]) -> None:
         """Run the precompiled upsert on a held autocommit connection: one round trip."""

@@ -10,6 +10,7 @@
         "PREFIX": "shardkit_",          # table names (migrate creates them anew if changed)
         "SECRET": None,                 # signs mapping closures ($SHARDKIT_SECRET)
         "CACHE_TTL": 5.0, "MAX_SHARDS": 1000, "KEY_RETENTION": 86400.0,
+        "ADJUST_DELAY": 0.02,           # seconds writes' cache adjustments gather
     }
 
 The kit is built in ``AppConfig.ready()`` without reaching the database or the cache,
@@ -44,6 +45,7 @@ _DEFAULTS: dict[str, Any] = {
     "CACHE_TTL": 5.0,
     "MAX_SHARDS": 1000,
     "KEY_RETENTION": 86400.0,
+    "ADJUST_DELAY": 0.02,
 }
 
 _lock = threading.Lock()
@@ -122,6 +124,7 @@ def _build() -> Kit:
             cache_ttl=option["CACHE_TTL"],
             max_shards=option["MAX_SHARDS"],
             key_retention=option["KEY_RETENTION"],
+            adjust_delay=option["ADJUST_DELAY"],
             executor=_executor(option["EXECUTOR"]) or DjangoLocalExecutor(),
             secret=option["SECRET"],
         )

@@ -137,6 +137,8 @@ class DjangoStore(SqlStore):
     on Django's connection: part of the caller's transaction if one is open, on its own
     (autocommitted) if not."""
 
+    combinable = False  # a write is part of its caller's transaction
+
     def __init__(self, alias: str, *, prefix: str = "shardkit_") -> None:
         super().__init__(django_engine(alias), prefix=prefix)
         self.alias = alias
