@@ -46,24 +46,34 @@ from shardkit.demo import (
     Op,
     Phase,
     Setup,
-    Target,
     median_phase,
     naive_table,
     ratio,
     run_grid,
-    sharded_writer,
 )
 from shardkit.store.sql import SqlStore, engine_from_url, unprepare_behind_pooler
 
 MODES = ("naive", "upsert", "sharded", "buffered", "redis-incr")
 REDIS_SCHEMES = ("redis", "rediss", "unix")
-# The targets the buffered counter is held to, at this many writers.
-TARGET_WRITERS = 16
-TARGETS = (("naive", 10.0), ("redis-incr", 0.8))
-STORE_WRITES = ("advanced", "lost", "generations")
-"""What the buffered writers' store writes are: flushes' compare-and-sets that advanced
-the store, ones that lost to another flush (a write that matched no row), and new cache
-generations recorded."""
+# The targets: (mode, baseline, least ratio), at this many writer processes, of one
+# thread each or of several.
+TARGETS = {
+    False: (
+        16,
+        (
+            ("sharded", "naive", 3.0),
+            ("sharded", "upsert", 0.85),
+            ("buffered", "naive", 10.0),
+            ("buffered", "redis-incr", 0.9),
+        ),
+    ),
+    True: (4, (("sharded", "upsert", 1.5), ("buffered", "redis-incr", 1.5))),
+}
+STORE_WRITES = ("statements", "advanced", "lost", "generations")
+"""What the kits' store writes are: the sharded counter's shard writes (each carrying
+the increments combined into it), the buffered counter's flushes' compare-and-sets that
+advanced the store, ones that lost to another flush (a write that matched no row), and
+new cache generations recorded."""
 
 
 @dataclass(frozen=True)
@@ -79,9 +89,11 @@ class RawTarget:
 
 
 @dataclass(frozen=True)
-class BufferedTarget:
-    """What a buffered writer needs: the kit's URLs, the counter, and where to report."""
+class KitTarget:
+    """What a shardkit writer needs: the kit's URLs, the counter, and where to report."""
 
+    kind: str
+    """``sharded`` or ``buffered``."""
     store_url: str
     cache_url: str
     name: str
@@ -125,7 +137,10 @@ def raw_connect(url: str) -> Any:
             database=parsed.database,
             autocommit=True,
         )
-    return sqlite3.connect(parsed.database or "", timeout=60, isolation_level=None)
+    # Set up in the process's main thread, written from one of its writing threads.
+    return sqlite3.connect(
+        parsed.database or "", timeout=60, isolation_level=None, check_same_thread=False
+    )
 
 
 def _is_mysql(url: str) -> bool:
@@ -173,13 +188,18 @@ def raw_upsert(target: RawTarget) -> Iterator[Op]:
 
 
 class StoreWrites:
-    """Counts the store writes a kit's buffered counters make, by wrapping the store's
-    ``advance`` and ``add_generation`` on this one store object (benchmark-only)."""
+    """Counts the store writes a kit's counters make, by wrapping the store's
+    ``add_many``, ``advance`` and ``add_generation`` on this one store object
+    (benchmark-only)."""
 
     def __init__(self, store: Any) -> None:
         self.counts = dict.fromkeys(STORE_WRITES, 0)
         self._lock = threading.Lock()  # flushes run on the executor's threads
-        advance, add_generation = store.advance, store.add_generation
+        add_many, advance, add_generation = store.add_many, store.advance, store.add_generation
+
+        def counted_add_many(*args: Any, **kwargs: Any) -> list[bool]:
+            self._count("statements")
+            return list(add_many(*args, **kwargs))
 
         def counted_advance(*args: Any, **kwargs: Any) -> bool:
             advanced = bool(advance(*args, **kwargs))
@@ -190,6 +210,7 @@ class StoreWrites:
             add_generation(*args, **kwargs)
             self._count("generations")
 
+        store.add_many = counted_add_many
         store.advance = counted_advance
         store.add_generation = counted_add_generation
 
@@ -199,16 +220,22 @@ class StoreWrites:
 
 
 @contextlib.contextmanager
-def buffered_writer(target: BufferedTarget) -> Iterator[Op]:
-    """``kit.buffered(name, interval).incr()``; on the way out, the kit's close runs the
-    flush it has waiting, then the writer reports the store writes its kit made."""
+def kit_writer(target: KitTarget) -> Iterator[Op]:
+    """``kit.sharded(name).incr()`` or ``kit.buffered(name, interval).incr()``; on the way
+    out, the kit's close runs the flush it has waiting, then the writer reports the
+    store writes its kit made."""
     with shardkit.connect(target.store_url, target.cache_url, prefix=target.prefix) as kit:
         writes = StoreWrites(kit.store)
-        counter = kit.buffered(target.name, interval=target.interval)
         # Warm up both connections without counting, so that no flush is scheduled
         # before the phase: every flush counted is one the phase's increments caused.
-        counter.parts()
-        yield counter.incr
+        if target.kind == "sharded":
+            sharded = kit.sharded(target.name)
+            sharded.value()
+            yield sharded.incr
+        else:
+            buffered = kit.buffered(target.name, interval=target.interval)
+            buffered.parts()
+            yield buffered.incr
     report = Path(target.report_dir) / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
     report.write_text(json.dumps(writes.counts))
 
@@ -256,8 +283,8 @@ class Cell:
 
     @property
     def write_rate(self) -> float:
-        """Median store writes per second of the buffered counter's phases: every write
-        its kits made, over the phase's length (the writers' mean time writing)."""
+        """Median store writes per second of a counter's phases: every write its kits
+        made, over the phase's length (the writers' mean time writing)."""
         return statistics.median(
             sum(w.values()) / statistics.fmean(p.elapsed)
             for p, w in zip(self.phases, self.writes, strict=True)
@@ -271,6 +298,9 @@ class Mode:
     setup: Setup[Any]
     arg: Any
     read: Callable[[], int]
+    shared: bool = True
+    """Whether a writer's threads share one setup (a kit), or each has its own (a raw
+    driver connection)."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -278,7 +308,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--store", help="store URL (default: a temporary SQLite file)")
     parser.add_argument("--cache", default="memory://", help="cache URL (default memory://)")
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds per cell (3)")
-    parser.add_argument("--writers", default="1,4,16", help="writer counts (1,4,16)")
+    parser.add_argument("--writers", default="1,4,16", help="writer process counts (1,4,16)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="writing threads per process (1); shardkit's share one kit, the raw "
+        "baselines' each have a connection",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="runs per cell; medians shown")
     parser.add_argument("--shards", type=int, default=20, help="shards (20)")
     parser.add_argument(
@@ -291,8 +328,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     args.writer_counts = [int(w) for w in args.writers.split(",")]
-    if min(args.writer_counts) < 1 or args.repeat < 1 or not args.seconds > 0:
-        parser.error("writers and --repeat must be >= 1, --seconds > 0")
+    if min(args.writer_counts) < 1 or min(args.repeat, args.threads) < 1 or not args.seconds > 0:
+        parser.error("writers, --threads and --repeat must be >= 1, --seconds > 0")
     if not args.interval > 0:
         parser.error("--interval must be > 0")
     redis = args.cache.split(":", 1)[0].lower() in REDIS_SCHEMES
@@ -383,17 +420,23 @@ def main(argv: list[str] | None = None) -> int:
             return buffered.parts().stored
 
         runs: dict[str, Mode] = {
-            "naive": Mode(raw_naive, raw, read_naive),
-            "upsert": Mode(raw_upsert, raw, read_upsert),
+            "naive": Mode(raw_naive, raw, read_naive, shared=False),
+            "upsert": Mode(raw_upsert, raw, read_upsert, shared=False),
             "sharded": Mode(
-                sharded_writer,
-                Target(store_url, args.cache, "hot", prefix=prefix),
+                kit_writer,
+                KitTarget("sharded", store_url, args.cache, "hot", prefix, 0, str(reports)),
                 lambda: store.total("hot"),
             ),
             "buffered": Mode(
-                buffered_writer,
-                BufferedTarget(
-                    store_url, args.cache, buffered.name, prefix, args.interval, str(reports)
+                kit_writer,
+                KitTarget(
+                    "buffered",
+                    store_url,
+                    args.cache,
+                    buffered.name,
+                    prefix,
+                    args.interval,
+                    str(reports),
                 ),
                 read_buffered,
             ),
@@ -406,10 +449,12 @@ def main(argv: list[str] | None = None) -> int:
                 redis_incr,
                 RedisTarget(args.cache, f"{prefix}incr"),
                 lambda: int(client.get(f"{prefix}incr") or 0),
+                shared=False,
             )
         console.print(
             f"store [cyan]{store.url}[/], cache [cyan]{kit.cache.url}[/], "
-            f"{args.seconds:g} s per run, {args.repeat} run(s) per cell, {args.shards} shards, "
+            f"{args.seconds:g} s per run, {args.repeat} run(s) per cell, "
+            f"{args.threads} thread(s) per writer, {args.shards} shards, "
             f"buffered flush interval {args.interval:g} s; modes {', '.join(modes)}"
         )
         cells: dict[tuple[int, str], Cell] = {}
@@ -418,18 +463,18 @@ def main(argv: list[str] | None = None) -> int:
             cell = cells.setdefault((writers, mode), Cell([]))
             spec = runs[mode]
             before = spec.read()
-            phase = crew.run(spec.setup, spec.arg, args.seconds)
+            phase = crew.run(spec.setup, spec.arg, args.seconds, shared=spec.shared)
             moved = spec.read() - before
             cell.phases.append(phase)
             cell.exact = cell.exact and moved == phase.ops
-            if mode == "buffered":
+            if mode in ("sharded", "buffered"):
                 cell.writes.append(collect_store_writes(reports))
 
-        run_grid(args.writer_counts, args.repeat, modes, measure, console)
+        run_grid(args.writer_counts, args.repeat, modes, measure, console, args.threads)
         console.print(results_table(cells, args.writer_counts, modes, args.repeat))
+        console.print(targets_summary(cells, args.writer_counts, modes, args.threads))
         if "buffered" in modes:
             console.print(store_writes_table(cells, args.writer_counts, args.interval))
-            console.print(targets_summary(cells, args.writer_counts, modes))
             if kit.cache.url == "memory://":
                 console.print(
                     "[dim]memory:// is a cache per process: each buffered writer counts in "
@@ -463,7 +508,7 @@ def results_table(
     for writers in counts:
         for mode in modes:
             cell = cells[writers, mode]
-            if mode == "buffered":
+            if mode in ("sharded", "buffered"):  # counted: combined, or flushes
                 writes = f"{cell.write_rate:,.1f}"
             elif mode == "redis-incr":
                 writes = "0"
@@ -493,33 +538,39 @@ def store_writes_table(
     columns = ("writers", "seconds", "advanced", "lost CAS", "new generations", "writes/s")
     for column in columns:
         table.add_column(column, justify="right")
+    flushes = STORE_WRITES[1:]  # a buffered counter makes no shard writes
     for writers in counts:
         cell = cells[writers, "buffered"]
         seconds = sum(statistics.fmean(p.elapsed) for p in cell.phases)
-        total = {what: sum(w[what] for w in cell.writes) for what in STORE_WRITES}
+        total = {what: sum(w[what] for w in cell.writes) for what in flushes}
         table.add_row(
             str(writers),
             f"{seconds:.1f}",
-            *(f"{total[what]:,}" for what in STORE_WRITES),
+            *(f"{total[what]:,}" for what in flushes),
             f"{cell.write_rate:,.1f}",
         )
     return table
 
 
-def targets_summary(cells: dict[tuple[int, str], Cell], counts: list[int], modes: list[str]) -> str:
-    """The buffered counter against its targets, at 16 writers (or the most run)."""
-    writers = TARGET_WRITERS if TARGET_WRITERS in counts else max(counts)
+def targets_summary(
+    cells: dict[tuple[int, str], Cell], counts: list[int], modes: list[str], threads: int
+) -> str:
+    """Each measured mode against its targets, at the writer count they are set for (or
+    the most run)."""
+    target_writers, targets = TARGETS[threads > 1]
+    writers = target_writers if target_writers in counts else max(counts)
     parts = []
-    for base, target in TARGETS:
-        if base not in modes:
+    for mode, base, least in targets:
+        if mode not in modes or base not in modes:
             continue
-        ratio = cells[writers, "buffered"].rate / cells[writers, base].rate
-        mark = "[green]✓[/]" if ratio >= target else "[red]✗[/]"
-        parts.append(f"buffered ÷ {base} {ratio:.2f}x (target ≥ {target:g}x) {mark}")
+        ratio = cells[writers, mode].rate / cells[writers, base].rate
+        mark = "[green]✓[/]" if ratio >= least else "[red]✗[/]"
+        parts.append(f"{mode} ÷ {base} {ratio:.2f}x (target ≥ {least:g}x) {mark}")
     if not parts:
-        return "targets: run naive and/or redis-incr alongside buffered to compare"
-    note = "" if writers == TARGET_WRITERS else f" (targets are for {TARGET_WRITERS} writers)"
-    return f"targets at {writers} writers{note}: " + "; ".join(parts)
+        return "targets: run the baselines (naive, upsert, redis-incr) beside the counters"
+    shape = f"{writers} writers" + (f" x {threads} threads" if threads > 1 else "")
+    note = "" if writers == target_writers else f" (targets are for {target_writers} writers)"
+    return f"targets at {shape}{note}:\n  " + "\n  ".join(parts)
 
 
 if __name__ == "__main__":

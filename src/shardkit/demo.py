@@ -14,6 +14,7 @@ import queue
 import random
 import statistics
 import tempfile
+import threading
 import time
 import traceback
 import uuid
@@ -72,37 +73,67 @@ class Phase:
 def _member(index: int, tasks: Any, reports: Any, start: Any) -> None:
     """A crew process: run each task it is given until told to stop (``None``)."""
     while (task := tasks.get()) is not None:
-        setup, arg, seconds = task
-        ops = 0
+        setup, arg, seconds, threads, shared = task
+        counts = [0] * threads
         try:
-            with setup(arg) as op:
+            with contextlib.ExitStack() as stack:
+                # One setup shared by the threads (a kit, as an application has one per
+                # process), or one each (a raw driver connection).
+                ops = (
+                    [stack.enter_context(setup(arg))] * threads
+                    if shared
+                    else [stack.enter_context(setup(arg)) for _ in range(threads)]
+                )
                 reports.put(("ready", index, 0, 0.0))
                 start.wait()
                 began = time.monotonic()
-                deadline = began + seconds
-                while time.monotonic() < deadline:
-                    op()
-                    ops += 1
+                _write_until(ops, counts, began + seconds)
                 elapsed = time.monotonic() - began
-            reports.put(("done", index, ops, elapsed))
+            reports.put(("done", index, sum(counts), elapsed))
         except BaseException as exc:
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            reports.put(("error", index, ops, detail))
+            reports.put(("error", index, sum(counts), detail))
             if not isinstance(exc, Exception):
                 raise
 
 
+def _write_until(ops: list[Op], counts: list[int], deadline: float) -> None:
+    """Repeat ``ops[i]`` in thread ``i`` (the first in this one) until ``deadline``,
+    counting into ``counts[i]``; re-raise the first error of any."""
+    errors: list[BaseException] = []
+
+    def repeat(i: int) -> None:
+        op = ops[i]
+        try:
+            while time.monotonic() < deadline:
+                op()
+                counts[i] += 1
+        except BaseException as exc:
+            errors.append(exc)
+
+    others = [threading.Thread(target=repeat, args=(i,)) for i in range(1, len(ops))]
+    for thread in others:
+        thread.start()
+    repeat(0)
+    for thread in others:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
 class Crew:
-    """``writers`` spawned processes that run timed phases together.
+    """``writers`` spawned processes that run timed phases together, each with
+    ``threads`` writing threads.
 
     Each phase: every writer sets up (connects, warms up), then all are released by one
     Event at once, so neither process start-up nor connecting is measured. A failing
     writer makes ``run`` raise ``RuntimeError``. Use as a context manager.
     """
 
-    def __init__(self, writers: int) -> None:
-        if writers < 1:
-            raise ValueError("a crew needs at least one writer")
+    def __init__(self, writers: int, threads: int = 1) -> None:
+        if writers < 1 or threads < 1:
+            raise ValueError("a crew needs at least one writer, of at least one thread")
+        self.threads = threads
         ctx = multiprocessing.get_context("spawn")
         self._start = ctx.Event()
         self._reports: Any = ctx.Queue()
@@ -130,13 +161,15 @@ class Crew:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def run(self, setup: Setup[T], arg: T, seconds: float) -> Phase:
-        """Every writer repeats ``setup(arg)``'s write for ``seconds``, all starting at once."""
+    def run(self, setup: Setup[T], arg: T, seconds: float, *, shared: bool = True) -> Phase:
+        """Every writer's threads repeat ``setup(arg)``'s write for ``seconds``, all
+        starting at once: one setup per writer, its write shared by its threads
+        (``shared``), or one setup per thread."""
         if self._broken:
             raise RuntimeError("the crew is broken by an earlier failure")
         self._start.clear()  # every writer has reported: none is waiting on it
         for tasks in self._tasks:
-            tasks.put((setup, arg, seconds))
+            tasks.put((setup, arg, seconds, self.threads, shared))
         self._collect("ready", _READY_TIMEOUT)
         self._start.set()
         done = self._collect("done", seconds + _READY_TIMEOUT)
@@ -186,14 +219,17 @@ def run_grid(
     modes: list[str],
     run: Callable[[Crew, int, str], None],
     console: Console,
+    threads: int = 1,
 ) -> None:
     """Call ``run(crew, writers, mode)`` ``repeat`` times for every writer count and mode,
-    modes interleaved within each repetition, one crew per writer count."""
+    modes interleaved within each repetition, one crew (of ``threads`` threads per
+    writer) per writer count."""
+    each = "" if threads == 1 else f" x {threads} threads"
     for writers in writer_counts:
-        with Crew(writers) as crew:
+        with Crew(writers, threads) as crew:
             for number in range(repeat):
                 for mode in modes:
-                    with console.status(f"{writers} writers, {mode}, run {number + 1}…"):
+                    with console.status(f"{writers} writers{each}, {mode}, run {number + 1}…"):
                         run(crew, writers, mode)
 
 
