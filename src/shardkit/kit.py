@@ -95,6 +95,11 @@ class Kit:
             return self._mapper
 
     @property
+    def settings(self) -> CounterSettings:
+        """The backends and settings the kit hands its counters."""
+        return self._settings
+
+    @property
     def store(self) -> Store:
         return self._settings.store
 

@@ -191,6 +191,50 @@ def test_a_read_of_counts_is_one_statement_on_djangos_connection(database: str) 
     assert ran == ["BEGIN", "INSERT", "SELECT", "COMMIT"]
 
 
+def test_a_counting_update_of_a_sharded_count_is_one_statement(database: str) -> None:
+    a, b = Video.objects.create(title="a"), Video.objects.create(title="b")
+    views(a)  # the counter exists: the first update of an object in a process opens it
+    with statements_run(database) as ran:
+        assert Video.objects.filter(pk=a.pk).update(views=F("views") + 3) == 1
+    assert ran == ["INSERT"]  # finds the object and adds to its shard row
+    with statements_run(database) as ran:
+        assert Video.objects.filter(title="nobody").update(views=F("views") + 1) == 0
+    assert ran == ["INSERT"]
+    with statements_run(database) as ran:
+        matched = Video.objects.filter(pk=a.pk).update(title="A", views=F("views") + 1)
+    assert matched == 1
+    assert [s for s in ran if s not in ("BEGIN", "COMMIT")] == ["INSERT", "UPDATE"]
+    assert (views(a), views(b)) == (4, 0)
+    assert Video.objects.get(pk=a.pk).title == "A"
+
+
+def test_a_counting_update_of_a_buffered_count_by_key_needs_no_read(database: str) -> None:
+    video = Video.objects.create(title="a")
+    video.likes.incr()  # its counter has a generation: increments are cache commands only
+    with statements_run(database) as ran:
+        assert Video.objects.filter(pk=video.pk).update(title="b", likes=F("likes") + 2) == 1
+    assert ran == ["UPDATE"]  # its row count says whether the object matched
+    with statements_run(database) as ran:
+        assert Video.objects.filter(pk=-1).update(title="c", likes=F("likes") + 2) == 0
+    assert ran == ["UPDATE"]
+    with statements_run(database) as ran:
+        assert Video.objects.filter(pk=video.pk).update(likes=F("likes") + 1) == 1
+    assert ran == ["SELECT"]  # whether it exists: nothing else would say
+    assert video.likes.value() == 4
+
+
+def test_a_counting_update_moves_cached_values_only_when_it_commits(database: str) -> None:
+    video = Video.objects.create(title="a")
+    assert video.views.value() == 0  # cached
+    with transaction.atomic(using=database):
+        Video.objects.filter(pk=video.pk).update(views=F("views") + 10)
+        transaction.set_rollback(True, using=database)
+    assert video.views.value() == 0  # the cached value never showed the rolled-back 10
+    Video.objects.filter(pk=video.pk).update(views=F("views") + 1)
+    assert video.views.value() == 1  # cached, and moved at the commit
+    assert views(video) == 1
+
+
 def test_templates_and_the_admin_show_counts(database: str, admin_client: Client) -> None:
     video = Video.objects.create(title="Hello")
     Video.objects.filter(pk=video.pk).update(views=F("views") + 7, likes=F("likes") + 3)

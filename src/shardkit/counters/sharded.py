@@ -126,32 +126,23 @@ class ShardedCounter:
         # Keyed by process: a forked child takes its own ticket, not its parent's shard.
         pid, ticket = getattr(self._local, "ticket", (None, 0))
         if pid != os.getpid():
-            ticket = self._take_ticket()
+            ticket = take_ticket(self._settings, self._ticket_key)
             self._local.ticket = (os.getpid(), ticket)
         if time.monotonic() - self._shards_read_at > _SHARDS_REFRESH:
             self._refresh_shards()
         return ticket % self._shards
-
-    def _take_ticket(self) -> int:
-        """A number unique among this counter's writers while the cache keeps it; the
-        first writer seeds it at random so that private (per-process) caches still
-        spread their processes over the shards."""
-        cache, failures = self._settings.cache, self._settings.failures
-        try:
-            cache.add(self._ticket_key, random.randrange(1 << 30), 86400)
-            ticket = cache.incr(self._ticket_key, 1)
-        except BackendError as exc:
-            failures.failed(_TICKET, "cache %s failed while %s: %s", cache.url, _TICKET, exc)
-            ticket = None
-        else:
-            failures.worked(_TICKET)
-        return random.randrange(1 << 30) if ticket is None else ticket
 
     def _refresh_shards(self) -> None:
         info = self._settings.store.counter(self.name)
         if info is not None:
             self._shards = max(self._shards, info.shards)
         self._shards_read_at = time.monotonic()
+
+    def applied(self, delta: int) -> None:
+        """Note that a statement of the caller's own has added ``delta`` to this counter's
+        shard rows (the Django app's counting updates write them in the statement that
+        finds the objects): its cached value is moved as an increment's would be."""
+        self._settings.adjuster.add(self._value_key, check_delta(delta))
 
     def grow(self, shards: int) -> int:
         """Raise the shard count to ``shards`` (never lowers it); return the new count.
@@ -194,3 +185,19 @@ class ShardedCounter:
                 lambda: settings.cache.add(self._value_key, total, settings.cache_ttl),
             )
         return total
+
+
+def take_ticket(settings: CounterSettings, key: str) -> int:
+    """A number unique among the takers of ``key``'s tickets while the cache keeps it, to
+    pick a home shard by; the first taker seeds it at random, so that private
+    (per-process) caches still spread their processes over the shards."""
+    cache, failures = settings.cache, settings.failures
+    try:
+        cache.add(key, random.randrange(1 << 30), 86400)
+        ticket = cache.incr(key, 1)
+    except BackendError as exc:
+        failures.failed(_TICKET, "cache %s failed while %s: %s", cache.url, _TICKET, exc)
+        ticket = None
+    else:
+        failures.worked(_TICKET)
+    return random.randrange(1 << 30) if ticket is None else ticket

@@ -18,19 +18,26 @@ A count is not a column: each object's count is a shardkit counter named
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, Generic, TypeVar
 
 from django.core.exceptions import FieldError
-from django.db import models, transaction
+from django.db import DatabaseError, connections, models, transaction
 from django.db.models.expressions import CombinedExpression, Value
+from django.db.models.lookups import Exact
 from django.db.models.query import ModelIterable
 
 from shardkit.counters import BufferedCounter, ShardedCounter
+from shardkit.counters.sharded import take_ticket
 from shardkit.errors import ValidationError
+from shardkit.kit import Kit
 from shardkit.validation import check_delta, check_interval, check_shards
 
 from .conf import database, kit
+from .store import DjangoStore
 
 _M = TypeVar("_M", bound=models.Model)
 
@@ -178,7 +185,12 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
         ``F(count) - n`` only: each matched object's counter moves by ``n`` in the same
         transaction as the other fields' update (a buffered count when it commits).
         Returns the number of objects matched. ``NotACountingUpdate`` for any other
-        value of a count, before anything is written."""
+        value of a count, before anything is written.
+
+        On a model with an integer primary key, the first sharded count is written by
+        the statement that finds the matched objects (one round trip; the other fields
+        take one more); a buffered count filtered by its primary key alone takes that
+        from the other fields' update, or from a read of the matched keys."""
         counts = counts_of(self.model)
         deltas = {
             name: _delta(counts[name], kwargs.pop(name)) for name in list(kwargs) if name in counts
@@ -192,19 +204,68 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
                 f"counts live in database {database()!r} (SHARDKIT['STORE']); this update "
                 f"runs on {self.db!r}, so they could not share its transaction"
             )
-        # In key order: concurrent updates take their shard rows' locks in one order.
-        pks = list(self.order_by("pk").values_list("pk", flat=True))
-        matched = len(pks)
-        writes = len(pks) * len(deltas) + bool(kwargs)
-        # One write is atomic by itself: the read above needs no transaction around it.
-        with transaction.atomic(using=self.db) if writes > 1 else contextlib.nullcontext():
-            if kwargs:
-                base = self.model._base_manager.using(self.db)
-                matched = base.filter(pk__in=pks).update(**kwargs)
+        found_by = None  # the sharded count whose statement finds the objects
+        if isinstance(self.model._meta.pk, models.IntegerField):
+            found_by = next((name for name in deltas if not counts[name].buffered), None)
+        by_pk = _by_pk(self.query) if found_by is None and kwargs else None
+        writes = sum(not counts[name].buffered for name in deltas) + bool(kwargs)
+        base = self.model._base_manager.using(self.db)
+        # One statement or none that writes: no transaction of its own around it.
+        single = writes == 0 or (writes == 1 and (found_by or by_pk) is not None)
+        with contextlib.nullcontext() if single else transaction.atomic(using=self.db):
+            if found_by is not None:
+                pks = self._count_matched(counts[found_by], deltas[found_by])
+            elif by_pk is not None:
+                pks = [by_pk[0]] if base.filter(pk=by_pk[0]).update(**kwargs) else []
+                kwargs = {}
+            else:
+                # In key order: concurrent updates take their shard rows' locks in one order.
+                pks = list(self.order_by("pk").values_list("pk", flat=True))
+            if kwargs and pks:
+                base.filter(pk__in=pks).update(**kwargs)
             for name, delta in deltas.items():
-                for pk in pks:
-                    counts[name].add(self.model, pk, delta)
-        return matched
+                if name != found_by:
+                    for pk in pks:
+                        counts[name].add(self.model, pk, delta)
+        return len(pks)
+
+    def _count_matched(self, count: ShardedCount, delta: int) -> list[Any]:
+        """Add ``delta`` to the sharded ``count`` of every object this queryset matches,
+        in one statement that finds them (in key order, so that concurrent updates take
+        their shard rows' locks in one order) and upserts a shard row of each; return
+        their keys. Each counter's cached value is moved when the transaction commits."""
+        the_kit = kit()
+        store = the_kit.store
+        assert isinstance(store, DjangoStore)
+        connection = connections[self.db]
+        quote = connection.ops.quote_name
+        table = quote(store.shards_table.name)
+        matched = self.order_by("pk").values(shardkit_pk=models.F("pk"))
+        select, params = matched.query.get_compiler(self.db).as_sql()
+        prefix = count.counter_name(self.model, "")
+        pk_column = quote("shardkit_pk")
+        # WHERE true: SQLite would read the ON CONFLICT as a join's without a WHERE.
+        sql = (
+            f"INSERT INTO {table} ({quote('name')}, {quote('shard')}, {quote('value')}) "
+            f"SELECT %s || CAST(matched.{pk_column} AS TEXT), %s, %s "
+            f"FROM ({select}) matched WHERE true "
+            f"ON CONFLICT ({quote('name')}, {quote('shard')}) DO UPDATE "
+            f"SET {quote('value')} = {table}.{quote('value')} + excluded.{quote('value')} "
+            f"RETURNING {quote('name')}"
+        )
+        shard = _home_shard(the_kit, count.shards)
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, [prefix, shard, delta, *params])
+                names = [row[0] for row in cursor.fetchall()]
+        except DatabaseError as exc:
+            raise store._error(exc, f"adding to {self.model._meta.label}.{count.name}") from exc
+        pks = [self.model._meta.pk.to_python(name[len(prefix) :]) for name in names]
+        for pk in pks:
+            counter = count.counter(self.model, pk)
+            assert isinstance(counter, ShardedCounter)
+            transaction.on_commit(partial(counter.applied, delta), using=self.db, robust=True)
+        return pks
 
     update.alters_data = True  # type: ignore[attr-defined]
 
@@ -286,6 +347,34 @@ def _delta(count: ShardedCount, value: Any) -> int:
 
 def _is_count(expression: Any, count: ShardedCount) -> bool:
     return isinstance(expression, models.F) and expression == models.F(count.name)
+
+
+def _by_pk(query: Any) -> tuple[Any] | None:
+    """``(pk,)`` when ``query`` filters on its model's primary key being one value and on
+    nothing else, so that an update's row count says whether that object matched."""
+    where = query.where
+    if where.negated or len(where.children) != 1 or query.distinct:
+        return None
+    lookup = where.children[0]
+    target = getattr(getattr(lookup, "lhs", None), "target", None)
+    if not isinstance(lookup, Exact) or target is None or not target.primary_key:
+        return None
+    if target.model is not query.model or hasattr(lookup.rhs, "resolve_expression"):
+        return None
+    return (lookup.rhs,)
+
+
+_tickets = threading.local()
+
+
+def _home_shard(the_kit: Kit, shards: int) -> int:
+    """This thread's shard of every count it writes by statement: a ticket per thread
+    and process, so that concurrent writers of one hot object write different rows."""
+    pid, ticket = getattr(_tickets, "ticket", (None, 0))
+    if pid != os.getpid():
+        ticket = take_ticket(the_kit.settings, the_kit.settings.cache_key("django", "ticket"))
+        _tickets.ticket = (os.getpid(), ticket)
+    return int(ticket) % shards
 
 
 __all__ = ["BoundCount", "CountingQuerySet", "NotACountingUpdate", "ShardedCount", "counts_of"]
