@@ -239,12 +239,25 @@ def test_templates_and_the_admin_show_counts(database: str, admin_client: Client
     video = Video.objects.create(title="Hello")
     Video.objects.filter(pk=video.pk).update(views=F("views") + 7, likes=F("likes") + 3)
     page = Client().get("/").content.decode()
-    assert "Hello: 7 views, 3 likes" in page
+    assert f'<a href="/videos/{video.pk}/">Hello</a>: 7 views, 3 likes' in page
     changelist = admin_client.get("/admin/videos/video/").content.decode()
     assert '<td class="field-views">7</td>' in changelist
     assert '<td class="field-likes">3</td>' in changelist
     change = admin_client.get(f"/admin/videos/video/{video.pk}/change/").content.decode()
     assert '<div class="readonly">7</div>' in change
+
+
+def test_a_video_page_counts_its_views_and_takes_likes(database: str) -> None:
+    video = Video.objects.create(title="Hello")
+    client = Client()
+    assert "1 views, 0 likes" in client.get(f"/videos/{video.pk}/").content.decode()
+    assert "2 views, 0 likes" in client.get(f"/videos/{video.pk}/").content.decode()
+    liked = client.post(f"/videos/{video.pk}/like")
+    assert (liked.status_code, liked["Location"]) == (302, f"/videos/{video.pk}/")
+    assert "3 views, 1 likes" in client.get(f"/videos/{video.pk}/").content.decode()
+    assert client.get("/videos/0/").status_code == 404
+    assert client.get(f"/videos/{video.pk}/like").status_code == 405
+    assert views(video) == 3
 
 
 def test_buffered_counts_are_flushed_by_the_command(

@@ -1,0 +1,308 @@
+"""The example Django site under gunicorn, loaded over HTTP by wrk: one hot object's count
+moved per request, four ways, side by side, without and with ``ATOMIC_REQUESTS``.
+
+* column   - ``Account.objects.filter(pk=pk).update(balance=F("balance") + 1)``: a plain
+             column of one row, as a Django counter is written without shardkit
+* sharded  - ``Video.objects.filter(pk=pk).update(views=F("views") + 1)`` on a
+             ``ShardedCount(shards=20)``
+* buffered - ``Video.objects.filter(pk=pk).update(likes=F("likes") + 1)`` on a buffered
+             ``ShardedCount``
+* noop     - a view that does nothing: the framework's (and this machine's) ceiling
+
+The site (``examples/django_site``, its endpoints in ``benchmarks/site_bench``) runs
+under gunicorn (``--workers`` x ``--threads``, gthread) on a PostgreSQL database of the
+benchmark's own (created if missing, migrated) with persistent connections, and shardkit
+on a Redis cache. wrk (Debian's package) loads each endpoint with ``--connections`` for
+``--seconds``; every cell is checked: the count moved by the completed responses, give
+or take those in flight when wrk stopped (at most one per connection), with no error.
+
+    pip install -e '.[test,bench]' && apt-get install wrk
+    python benchmarks/django_site.py --cache redis://127.0.0.1:6379/12 --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import sqlalchemy as sa
+from rich.table import Table
+
+from hot_counter import choose_modes, report_console
+
+HERE = Path(__file__).resolve().parent
+SITE = HERE.parent / "examples" / "django_site"
+DEFAULT_DATABASE = "postgresql://postgres@127.0.0.1:5432/shardkit_bench_site"
+MODES = ("column", "sharded", "buffered", "noop")
+BASELINE = "column"
+# The least ratio to the plain column, without and with ATOMIC_REQUESTS.
+TARGETS = {False: {"sharded": 1.0, "buffered": 2.0}, True: {"sharded": 2.0}}
+_READY_TIMEOUT = 60.0
+
+
+@dataclass
+class Cell:
+    """Repeated wrk runs of one endpoint in one configuration."""
+
+    rates: list[float] = field(default_factory=list)
+    exact: bool = True
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return statistics.median(self.rates)
+
+
+@dataclass(frozen=True)
+class Load:
+    """What wrk reported of one run."""
+
+    completed: int
+    rate: float
+    failed: int
+    """Non-2xx responses and socket errors (connect, read, write, timeout)."""
+
+
+def parse_wrk(output: str) -> Load:
+    completed = int(re.search(r"(\d+) requests in", output).group(1))  # type: ignore[union-attr]
+    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))  # type: ignore[union-attr]
+    failed = sum(
+        int(n)
+        for n in re.findall(
+            r"(?:Non-2xx or 3xx responses:|connect|read|write|timeout) (\d+)", output
+        )
+    )
+    return Load(completed, rate, failed)
+
+
+def environment(database: str, cache: str, atomic: bool) -> dict[str, str]:
+    """The site's environment: its settings module and what it reads."""
+    # The site first: its package ``django_site`` is not this script.
+    paths = [str(SITE), str(HERE), os.environ.get("PYTHONPATH", "")]
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "site_bench.settings",
+        "PYTHONPATH": os.pathsep.join(p for p in paths if p),
+        "SHARDKIT_BENCH_DATABASE": database,
+        "SHARDKIT_BENCH_CACHE": cache,
+        "SHARDKIT_BENCH_ATOMIC": "1" if atomic else "0",
+    }
+
+
+def prepare(database: str, cache: str) -> tuple[int, int]:
+    """Create the database if missing, migrate it, and return a video's and an account's
+    keys (made if missing)."""
+    url = urlsplit(database)
+    server = sa.create_engine(
+        f"postgresql+psycopg://{url.netloc}/postgres", isolation_level="AUTOCOMMIT"
+    )
+    with server.connect() as conn:
+        name = url.path.lstrip("/")
+        found = conn.execute(
+            sa.text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": name}
+        ).first()
+        if found is None:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    server.dispose()
+    os.environ.update(environment(database, cache, atomic=False))
+    sys.path[:0] = [str(SITE), str(HERE)]
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    from videos.models import Account, Video
+
+    call_command("migrate", verbosity=0)
+    video = Video.objects.order_by("pk").first() or Video.objects.create(title="bench")
+    account = Account.objects.order_by("pk").first() or Account.objects.create(
+        email="bench@example.com"
+    )
+    return video.pk, account.pk
+
+
+def count_of(mode: str, video: int, account: int) -> int:
+    """The hot object's count of ``mode`` now (a buffered count's stored plus pending)."""
+    from videos.models import Account, Video
+
+    if mode == "column":
+        return int(Account.objects.get(pk=account).balance)
+    if mode == "sharded":
+        return Video.objects.get(pk=video).views.value(fresh=True)
+    if mode == "buffered":
+        return Video.objects.get(pk=video).likes.value()
+    return 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def gunicorn(env: dict[str, str], workers: int, threads: int) -> Iterator[str]:
+    """The site under gunicorn; yields its base URL once it answers."""
+    port = free_port()
+    command = [
+        sys.executable, "-m", "gunicorn", "site_bench.wsgi",
+        "--bind", f"127.0.0.1:{port}", "--workers", str(workers), "--threads", str(threads),
+        "--worker-class", "gthread", "--log-level", "warning",
+    ]  # fmt: skip
+    server = subprocess.Popen(command, env=env, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + _READY_TIMEOUT
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/noop", timeout=2) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("gunicorn did not start serving the site") from None
+                time.sleep(0.1)
+        yield base
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def wrk(url: str, connections: int, seconds: float) -> Load:
+    threads = min(2, connections)
+    command = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds:g}s", url]
+    return parse_wrk(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database", default=DEFAULT_DATABASE, help="PostgreSQL URL")
+    parser.add_argument("--cache", default="redis://127.0.0.1:6379/12", help="cache URL")
+    parser.add_argument("--workers", type=int, default=4, help="gunicorn workers (4)")
+    parser.add_argument("--threads", type=int, default=4, help="threads per worker (4)")
+    parser.add_argument("--connections", type=int, default=16, help="wrk connections (16)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="seconds per run (5)")
+    parser.add_argument("--repeat", type=int, default=3, help="median of N runs (3)")
+    parser.add_argument("--modes", help=f"comma-separated, of {','.join(MODES)}")
+    parser.add_argument(
+        "--atomic",
+        choices=("both", "off", "on"),
+        default="both",
+        help="ATOMIC_REQUESTS: run without it, with it, or both (both)",
+    )
+    args = parser.parse_args(argv)
+    args.modes = choose_modes(parser, args.modes, MODES, list(MODES))
+    if min(args.workers, args.threads, args.connections, args.repeat) < 1:
+        parser.error("--workers, --threads, --connections and --repeat must be >= 1")
+    if shutil.which("wrk") is None:
+        parser.error("wrk is missing: apt-get install wrk")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = report_console()
+    video, account = prepare(args.database, args.cache)
+    atomics = {"both": [False, True], "off": [False], "on": [True]}[args.atomic]
+    paths = {"column": f"/column/{account}", "sharded": f"/sharded/{video}"}
+    paths |= {"buffered": f"/buffered/{video}", "noop": "/noop"}
+    cells: dict[tuple[bool, str], Cell] = {}
+    console.print(
+        f"gunicorn {args.workers} x {args.threads} (gthread), wrk {args.connections} "
+        f"connections, {args.seconds:g} s per run, {args.repeat} run(s); database "
+        f"{sa.make_url(args.database).render_as_string()}, cache {args.cache}; load average "
+        f"{' '.join(f'{n:.1f}' for n in os.getloadavg())}"
+    )
+    for atomic in atomics:
+        env = environment(args.database, args.cache, atomic)
+        with gunicorn(env, args.workers, args.threads) as base:
+            for mode in args.modes:  # warm every worker's connections and counters
+                wrk(base + paths[mode], args.connections, 1)
+            for number in range(args.repeat):
+                for mode in args.modes:
+                    label = f"ATOMIC_REQUESTS={atomic}, {mode}, run {number + 1}…"
+                    with console.status(label):
+                        before = count_of(mode, video, account)
+                        load = wrk(base + paths[mode], args.connections, args.seconds)
+                        moved = count_of(mode, video, account) - before
+                    cell = cells.setdefault((atomic, mode), Cell())
+                    cell.rates.append(load.rate)
+                    in_flight = moved - load.completed
+                    checked = mode == "noop" or 0 <= in_flight <= args.connections
+                    if load.failed or not checked:
+                        cell.exact = False
+                        cell.notes.append(f"{load.completed} done, {moved} counted, "
+                                          f"{load.failed} failed")  # fmt: skip
+    console.print(results_table(cells, atomics, args.modes))
+    for atomic in atomics:
+        console.print(targets_line(cells, atomic, args.modes))
+    for (atomic, mode), cell in cells.items():
+        for note in cell.notes:
+            console.print(f"[red]ATOMIC_REQUESTS={atomic} {mode}: {note}[/]")
+    return 0 if all(cell.exact for cell in cells.values()) else 1
+
+
+def results_table(
+    cells: dict[tuple[bool, str], Cell], atomics: list[bool], modes: list[str]
+) -> Table:
+    table = Table(title="One hot object's count per request, over HTTP (requests/s, medians)")
+    for column in (
+        "ATOMIC_REQUESTS",
+        "endpoint",
+        "requests/s",
+        f"vs {BASELINE}",
+        "checked",
+        "runs",
+    ):
+        table.add_column(column, justify="left" if column in ("endpoint", "runs") else "right")
+    for atomic in atomics:
+        for mode in modes:
+            cell = cells[atomic, mode]
+            vs = "-"
+            if BASELINE in modes:
+                vs = f"{cell.rate / cells[atomic, BASELINE].rate:.2f}x"
+            table.add_row(
+                "on" if atomic else "off",
+                mode,
+                f"{cell.rate:,.0f}",
+                vs,
+                "[green]✓[/]" if cell.exact else "[red]✗[/]",
+                " ".join(f"{rate:,.0f}" for rate in cell.rates),
+                end_section=mode == modes[-1],
+            )
+    return table
+
+
+def targets_line(cells: dict[tuple[bool, str], Cell], atomic: bool, modes: list[str]) -> str:
+    parts = []
+    for mode, least in TARGETS[atomic].items():
+        if mode in modes and BASELINE in modes:
+            got = cells[atomic, mode].rate / cells[atomic, BASELINE].rate
+            mark = "[green]✓[/]" if got >= least else "[red]✗[/]"
+            parts.append(f"{mode} ÷ {BASELINE} {got:.2f}x (target ≥ {least:g}x) {mark}")
+    if "noop" in modes and BASELINE in modes:
+        ceiling = cells[atomic, "noop"].rate / cells[atomic, BASELINE].rate
+        parts.append(f"ceiling (noop ÷ {BASELINE}) {ceiling:.2f}x")
+    return f"ATOMIC_REQUESTS {'on' if atomic else 'off'}: " + "; ".join(parts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""One endpoint per way of counting a hit on a hot object, and one that does nothing.
+
+Each answers ``ok`` after its update: ``/column/<pk>`` on a plain column,
+``/sharded/<pk>`` and ``/buffered/<pk>`` on the video's sharded and buffered counts; and
+``/noop``, the framework's ceiling. The site's own pages stay as they are.
+"""
+
+from __future__ import annotations
+
+from django.db.models import F
+from django.http import HttpRequest, HttpResponse
+from django.urls import include, path
+
+from videos.models import Account, Video
+
+
+def column(request: HttpRequest, pk: int) -> HttpResponse:
+    Account.objects.filter(pk=pk).update(balance=F("balance") + 1)
+    return HttpResponse(b"ok")
+
+
+def sharded(request: HttpRequest, pk: int) -> HttpResponse:
+    Video.objects.filter(pk=pk).update(views=F("views") + 1)
+    return HttpResponse(b"ok")
+
+
+def buffered(request: HttpRequest, pk: int) -> HttpResponse:
+    Video.objects.filter(pk=pk).update(likes=F("likes") + 1)
+    return HttpResponse(b"ok")
+
+
+def noop(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(b"ok")
+
+
+urlpatterns = [
+    path("column/<int:pk>", column),
+    path("sharded/<int:pk>", sharded),
+    path("buffered/<int:pk>", buffered),
+    path("noop", noop),
+    path("", include("django_site.urls")),
+]
