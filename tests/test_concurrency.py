@@ -233,9 +233,13 @@ def _server_ids_alive(engine: sa.Engine, ids: list[int]) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("threads", [1, 4])
 def test_killed_writers_lose_at_most_their_in_flight_increment(
-    store_url: str, name: str, tmp_path: Path
+    store_url: str, name: str, tmp_path: Path, threads: int
 ) -> None:
+    """Four writer processes killed at random moments, of one thread each or of four
+    whose increments are combined: every increment acknowledged is in the value, and of
+    those in flight, any subset."""
     target = _kit_target(store_url)
     rng = random.Random()
     logs = [tmp_path / f"writer-{slot}.log" for slot in range(KILLED)]
@@ -244,7 +248,7 @@ def test_killed_writers_lose_at_most_their_in_flight_increment(
     with target.connect() as kit:
         counter = kit.sharded(name, shards=FIRST_SHARDS)
         args = [
-            (_where(target), name, slot, rng.randrange(1 << 32), str(logs[slot]))
+            (_where(target), name, slot, rng.randrange(1 << 32), str(logs[slot]), threads)
             for slot in range(KILLED)
         ]
         with _processes(workers.logging_writer, args) as procs:
@@ -270,9 +274,11 @@ def test_killed_writers_lose_at_most_their_in_flight_increment(
         for slot, log in enumerate(lines):
             assert _done(log) >= kill_after[slot]
             done += sum(int(line.split()[1]) for line in log if line.startswith("done "))
-            steps = [line for line in log if line.startswith(("intent ", "done "))]
-            if steps[-1].startswith("intent "):
-                in_flight.append(int(steps[-1].split()[1]))
+            last: dict[str, str] = {}  # each thread's last step
+            for line in log:
+                if line.startswith(("intent ", "done ")):
+                    last[line.split()[2]] = line
+            in_flight += [int(line.split()[1]) for line in last.values() if line[0] == "i"]
 
         engine = kit.store.engine  # type: ignore[attr-defined]
         if engine.dialect.name != "sqlite":

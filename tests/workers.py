@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -94,12 +95,16 @@ def keyed_racer(
         results.put((slot, applied, traceback.format_exc()))
 
 
-def logging_writer(where: Where, name: str, slot: int, seed: int, log_path: str) -> None:
-    """Write increments until killed (or for at most two minutes), logging to ``log_path``
-    with one unbuffered write per line:
+def logging_writer(
+    where: Where, name: str, slot: int, seed: int, log_path: str, threads: int = 1
+) -> None:
+    """Write increments from ``threads`` threads (whose concurrent increments the counter
+    combines) until killed (or for at most two minutes), logging to ``log_path`` with one
+    unbuffered write per line:
 
     * ``conn <id>`` for every database connection opened (server-side id), before use;
-    * ``intent <delta>`` before each ``incr``, ``done <delta>`` after it returned;
+    * ``intent <delta> <thread>`` before each ``incr``, ``done <delta> <thread>`` after it
+      returned;
     * ``error <message>`` if anything fails.
 
     Every other increment carries an idempotency key, so both write paths get killed.
@@ -116,22 +121,37 @@ def logging_writer(where: Where, name: str, slot: int, seed: int, log_path: str)
         elif hasattr(dbapi_connection, "thread_id"):  # PyMySQL
             log(f"conn {dbapi_connection.thread_id()}")
 
+    def write(counter: Any, thread: int, deadline: float) -> None:
+        rng = random.Random(seed + thread)
+        step = 0
+        try:
+            while time.monotonic() < deadline:
+                step += 1
+                delta = rng.choice((-1, 1)) * rng.randint(1, 1000)
+                key = f"w{slot}-{thread}-{step}" if step % 2 else None
+                log(f"intent {delta} {thread}")
+                if not counter.incr(delta, key=key):
+                    raise AssertionError(f"fresh key {key} reported as applied already")
+                log(f"done {delta} {thread}")
+        except BaseException as exc:
+            log(f"error {type(exc).__name__}: {exc}".replace("\n", " "))
+            raise
+
     try:
         sa.event.listen(sa.pool.Pool, "connect", on_connect)
-        rng = random.Random(seed)
         with _connect(where) as kit:
             counter = kit.get(name)
             log("ready")
             deadline = time.monotonic() + 120
-            step = 0
-            while time.monotonic() < deadline:
-                step += 1
-                delta = rng.choice((-1, 1)) * rng.randint(1, 1000)
-                key = f"w{slot}-{step}" if step % 2 else None
-                log(f"intent {delta}")
-                if not counter.incr(delta, key=key):
-                    raise AssertionError(f"fresh key {key} reported as applied already")
-                log(f"done {delta}")
+            others = [
+                threading.Thread(target=write, args=(counter, thread, deadline))
+                for thread in range(1, threads)
+            ]
+            for other in others:
+                other.start()
+            write(counter, 0, deadline)
+            for other in others:
+                other.join()
     except BaseException as exc:
         log(f"error {type(exc).__name__}: {exc}".replace("\n", " "))
         raise
