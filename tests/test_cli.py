@@ -8,6 +8,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -186,16 +187,20 @@ def test_flush_needs_a_name_or_all(run, name: str) -> None:  # type: ignore[no-u
 
 
 @pytest.mark.slow
-def test_worker_flushes_in_the_foreground_until_interrupted(sqlite_url: str, name: str) -> None:
+def test_worker_flushes_in_the_foreground_until_interrupted(
+    sqlite_url: str, name: str, tmp_path: Path
+) -> None:
     require(CACHE_URLS["redis"])
     command = [
-        sys.executable, "-m", "shardkit", "--store", sqlite_url, "--cache",
-        CACHE_URLS["redis"], "--prefix", PREFIX, "worker", "--interval", "0.2",
+        sys.executable, "-X", "faulthandler", "-m", "shardkit", "--store", sqlite_url,
+        "--cache", CACHE_URLS["redis"], "--prefix", PREFIX, "worker", "--interval", "0.2",
     ]  # fmt: skip
+    errors = tmp_path / "worker.err"
     with shardkit.connect(sqlite_url, CACHE_URLS["redis"], prefix=PREFIX) as kit:
         hits = kit.buffered(name, interval=3600)
         hits.incr(6)
-        worker = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        with open(errors, "w") as stderr:
+            worker = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True)
         lines: list[str] = []
 
         def read() -> None:
@@ -212,7 +217,16 @@ def test_worker_flushes_in_the_foreground_until_interrupted(sqlite_url: str, nam
             worker.send_signal(signal.SIGINT)
             # A wide bound: a flush waiting on SQLite's write lock (up to its busy
             # timeout) sees the interrupt only when the lock is granted.
-            assert worker.wait(timeout=90) == 0
+            try:
+                worker.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                worker.send_signal(signal.SIGABRT)  # faulthandler: every thread's stack
+                worker.wait(timeout=30)
+                pytest.fail(
+                    f"the worker did not stop; its output {lines[-5:]}, its stacks:\n"
+                    + errors.read_text()
+                )
+            assert worker.returncode == 0, errors.read_text()
         finally:
             worker.kill()
             worker.wait()  # reaped here, not reported by a later test's garbage collection
