@@ -18,6 +18,7 @@ A count is not a column: each object's count is a shardkit counter named
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Sequence
@@ -207,17 +208,19 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
         found_by = None  # the sharded count whose statement finds the objects
         if isinstance(self.model._meta.pk, models.IntegerField):
             found_by = next((name for name in deltas if not counts[name].buffered), None)
-        by_pk = _by_pk(self.query) if found_by is None and kwargs else None
+        by_pk = _by_pk(self.query)
         writes = sum(not counts[name].buffered for name in deltas) + bool(kwargs)
         base = self.model._base_manager.using(self.db)
         # One statement or none that writes: no transaction of its own around it.
         single = writes == 0 or (writes == 1 and (found_by or by_pk) is not None)
         with contextlib.nullcontext() if single else transaction.atomic(using=self.db):
             if found_by is not None:
-                pks = self._count_matched(counts[found_by], deltas[found_by])
-            elif by_pk is not None:
+                pks = self._count_matched(counts[found_by], deltas[found_by], by_pk)
+            elif by_pk is not None and kwargs:
                 pks = [by_pk[0]] if base.filter(pk=by_pk[0]).update(**kwargs) else []
                 kwargs = {}
+            elif by_pk is not None:
+                pks = [by_pk[0]] if self._exists(by_pk[0]) else []
             else:
                 # In key order: concurrent updates take their shard rows' locks in one order.
                 pks = list(self.order_by("pk").values_list("pk", flat=True))
@@ -229,43 +232,54 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
                         counts[name].add(self.model, pk, delta)
         return len(pks)
 
-    def _count_matched(self, count: ShardedCount, delta: int) -> list[Any]:
+    def _count_matched(
+        self, count: ShardedCount, delta: int, by_pk: tuple[Any] | None
+    ) -> list[Any]:
         """Add ``delta`` to the sharded ``count`` of every object this queryset matches,
         in one statement that finds them (in key order, so that concurrent updates take
         their shard rows' locks in one order) and upserts a shard row of each; return
-        their keys. Each counter's cached value is moved when the transaction commits."""
+        their keys. Each counter's cached value is moved when the transaction commits.
+        Filtered by its key alone (``by_pk``), the statement is made once per model and
+        count, not compiled from the queryset each time."""
         the_kit = kit()
         store = the_kit.store
         assert isinstance(store, DjangoStore)
         connection = connections[self.db]
-        quote = connection.ops.quote_name
-        table = quote(store.shards_table.name)
-        matched = self.order_by("pk").values(shardkit_pk=models.F("pk"))
-        select, params = matched.query.get_compiler(self.db).as_sql()
+        pk_field = self.model._meta.pk
         prefix = count.counter_name(self.model, "")
-        pk_column = quote("shardkit_pk")
-        # WHERE true: SQLite would read the ON CONFLICT as a join's without a WHERE.
-        sql = (
-            f"INSERT INTO {table} ({quote('name')}, {quote('shard')}, {quote('value')}) "
-            f"SELECT %s || CAST(matched.{pk_column} AS TEXT), %s, %s "
-            f"FROM ({select}) matched WHERE true "
-            f"ON CONFLICT ({quote('name')}, {quote('shard')}) DO UPDATE "
-            f"SET {quote('value')} = {table}.{quote('value')} + excluded.{quote('value')} "
-            f"RETURNING {quote('name')}"
-        )
         shard = _home_shard(the_kit, count.shards)
+        if by_pk is not None:
+            sql = _statement(self.db, store.shards_table.name, self.model, "count one")
+            name = count.counter_name(self.model, by_pk[0])
+            params = [name, shard, delta, pk_field.get_db_prep_value(by_pk[0], connection)]
+        else:
+            matched = self.order_by("pk").values(shardkit_pk=models.F("pk"))
+            select, selected = matched.query.get_compiler(self.db).as_sql()
+            sql = _statement(self.db, store.shards_table.name, self.model, "count many")
+            sql = sql.replace("{select}", select, 1)
+            params = [prefix, shard, delta, *selected]
         try:
             with connection.cursor() as cursor:
-                cursor.execute(sql, [prefix, shard, delta, *params])
+                cursor.execute(sql, params)
                 names = [row[0] for row in cursor.fetchall()]
         except DatabaseError as exc:
             raise store._error(exc, f"adding to {self.model._meta.label}.{count.name}") from exc
-        pks = [self.model._meta.pk.to_python(name[len(prefix) :]) for name in names]
+        pks = [pk_field.to_python(name[len(prefix) :]) for name in names]
         for pk in pks:
             counter = count.counter(self.model, pk)
             assert isinstance(counter, ShardedCounter)
             transaction.on_commit(partial(counter.applied, delta), using=self.db, robust=True)
         return pks
+
+    def _exists(self, pk: Any) -> bool:
+        """Whether the object ``pk`` exists: one statement, made once per model."""
+        connection = connections[self.db]
+        store = kit().store
+        assert isinstance(store, DjangoStore)
+        sql = _statement(self.db, store.shards_table.name, self.model, "exists")
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [self.model._meta.pk.get_db_prep_value(pk, connection)])
+            return cursor.fetchone() is not None
 
     update.alters_data = True  # type: ignore[attr-defined]
 
@@ -347,6 +361,31 @@ def _delta(count: ShardedCount, value: Any) -> int:
 
 def _is_count(expression: Any, count: ShardedCount) -> bool:
     return isinstance(expression, models.F) and expression == models.F(count.name)
+
+
+@functools.lru_cache(maxsize=256)
+def _statement(alias: str, shards_table: str, model: type[models.Model], what: str) -> str:
+    """The SQL of a counting update's statement ``what`` for ``model``'s objects, for
+    Django's cursors on database ``alias`` (``%s`` parameters): ``exists`` finds an
+    object by key; ``count one`` upserts the shard row (in ``shards_table``) of an
+    object given by key if it exists; ``count many`` upserts one for each key of the
+    subquery put in place of ``{select}``. Both return the names written."""
+    quote = connections[alias].ops.quote_name
+    shards, name, shard, value = (quote(n) for n in (shards_table, "name", "shard", "value"))
+    table, pk = quote(model._meta.db_table), quote(model._meta.pk.column)
+    if what == "exists":
+        return f"SELECT 1 FROM {table} WHERE {pk} = %s"
+    into = f"INSERT INTO {shards} ({name}, {shard}, {value})"
+    upsert = (
+        f"ON CONFLICT ({name}, {shard}) DO UPDATE SET {value} = {shards}.{value} + "
+        f"excluded.{value} RETURNING {name}"
+    )
+    if what == "count one":
+        found = f"EXISTS (SELECT 1 FROM {table} WHERE {pk} = %s)"
+        return f"{into} SELECT %s, %s, %s WHERE {found} {upsert}"
+    # WHERE true: SQLite would read the ON CONFLICT as a join's without a WHERE.
+    named = f"%s || CAST(matched.{quote('shardkit_pk')} AS TEXT)"
+    return f"{into} SELECT {named}, %s, %s FROM ({{select}}) matched WHERE true {upsert}"
 
 
 def _by_pk(query: Any) -> tuple[Any] | None:
