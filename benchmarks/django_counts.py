@@ -154,9 +154,9 @@ class Cell:
         return median_phase(self.phases)
 
 
-def prepare(site: Site) -> None:
-    """Create the database if missing, migrate it, and make two videos and accounts."""
-    url = urlsplit(site.database)
+def create_database(database: str) -> None:
+    """Create the PostgreSQL database that the URL ``database`` names, if missing."""
+    url = urlsplit(database)
     server = sa.create_engine(
         f"postgresql+psycopg://{url.netloc}/postgres", isolation_level="AUTOCOMMIT"
     )
@@ -168,6 +168,11 @@ def prepare(site: Site) -> None:
         if found is None:
             conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
     server.dispose()
+
+
+def prepare(site: Site) -> None:
+    """Create the database if missing, migrate it, and make two videos and accounts."""
+    create_database(site.database)
     setup_django(site)
     from django.core.management import call_command
 

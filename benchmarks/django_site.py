@@ -37,11 +37,11 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 from rich.table import Table
 
+from django_counts import create_database
 from hot_counter import choose_modes, report_console
 
 HERE = Path(__file__).resolve().parent
@@ -106,18 +106,7 @@ def environment(database: str, cache: str, atomic: bool) -> dict[str, str]:
 def prepare(database: str, cache: str) -> tuple[int, int]:
     """Create the database if missing, migrate it, and return a video's and an account's
     keys (made if missing)."""
-    url = urlsplit(database)
-    server = sa.create_engine(
-        f"postgresql+psycopg://{url.netloc}/postgres", isolation_level="AUTOCOMMIT"
-    )
-    with server.connect() as conn:
-        name = url.path.lstrip("/")
-        found = conn.execute(
-            sa.text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": name}
-        ).first()
-        if found is None:
-            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    server.dispose()
+    create_database(database)
     os.environ.update(environment(database, cache, atomic=False))
     sys.path[:0] = [str(SITE), str(HERE)]
     import django

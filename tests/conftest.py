@@ -252,6 +252,14 @@ def store(request: pytest.FixtureRequest, sqlite_url: str) -> Iterator[Store]:
     the_store.close()
 
 
+@pytest.fixture(params=["redis", "memcached"])
+def shared_cache_url(request: pytest.FixtureRequest) -> str:
+    """The URL of each cache that processes share."""
+    url = CACHE_URLS[request.param]
+    require(url)
+    return url
+
+
 @pytest.fixture
 def cache(cache_url: str) -> Iterator[Cache]:
     the_cache = open_cache(cache_url)

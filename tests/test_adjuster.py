@@ -9,17 +9,10 @@ from typing import Any
 import pytest
 
 import shardkit
-from conftest import CACHE_URLS, PREFIX, require, wait_for
+from conftest import PREFIX, wait_for
 from shardkit.cache.memory import MemoryCache
 from shardkit.errors import BackendError
 from shardkit.store import open_store
-
-
-@pytest.fixture(params=["redis", "memcached"])
-def shared_cache_url(request: pytest.FixtureRequest) -> str:
-    url = CACHE_URLS[request.param]
-    require(url)
-    return url
 
 
 @pytest.fixture

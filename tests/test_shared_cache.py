@@ -16,14 +16,7 @@ from pathlib import Path
 import pytest
 
 import shardkit
-from conftest import CACHE_URLS, PREFIX, require
-
-
-@pytest.fixture(params=["redis", "memcached"])
-def shared(request: pytest.FixtureRequest) -> str:
-    url = CACHE_URLS[request.param]
-    require(url)
-    return url
+from conftest import PREFIX
 
 
 @pytest.fixture
@@ -32,9 +25,9 @@ def two_stores(tmp_path: Path) -> list[str]:
 
 
 @pytest.fixture
-def kits(shared: str, two_stores: list[str]) -> Iterator[list[shardkit.Kit]]:
+def kits(shared_cache_url: str, two_stores: list[str]) -> Iterator[list[shardkit.Kit]]:
     """A kit on each of two stores, with the same prefix and the same cache."""
-    opened = [shardkit.connect(url, shared, prefix=PREFIX) for url in two_stores]
+    opened = [shardkit.connect(url, shared_cache_url, prefix=PREFIX) for url in two_stores]
     yield opened
     for kit in opened:
         kit.close()
@@ -87,11 +80,11 @@ def test_every_kind_keeps_to_its_store(kits: list[shardkit.Kit]) -> None:
 
 
 def test_ids_never_repeat_within_a_store(
-    kits: list[shardkit.Kit], two_stores: list[str], shared: str
+    kits: list[shardkit.Kit], two_stores: list[str], shared_cache_url: str
 ) -> None:
     staging, production = kits
     name = f"test:shared:ids:{uuid.uuid4().hex}"
-    with shardkit.connect(two_stores[0], shared, prefix=PREFIX) as staging_too:
+    with shardkit.connect(two_stores[0], shared_cache_url, prefix=PREFIX) as staging_too:
         handed: dict[str, list[int]] = {"staging": [], "production": []}
         for _ in range(30):  # the stores' allocators take turns, block after block
             handed["staging"] += staging.ids(name, block=7).take(3)
