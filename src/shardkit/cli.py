@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import click
@@ -188,10 +191,35 @@ def _print_moved(moved: dict[str, int]) -> None:
 @click.option("--once", is_flag=True, help="Flush once and exit.")
 @pass_context
 def worker(context: Context, interval: float, once: bool) -> None:
-    """Flush every buffered counter every --interval seconds, in the foreground (Ctrl-C
-    stops). For deployments without Celery: it also picks up flushes that a crashed
-    process had scheduled."""
+    """Flush every buffered counter every --interval seconds, in the foreground (Ctrl-C,
+    or SIGTERM from a process manager, stops it between two flushes' statements). For
+    deployments without Celery: it also picks up flushes that a crashed process had
+    scheduled."""
     kit = context.kit
+    with _stopped_by_sigterm():
+        _flush_rounds(kit, interval, once)
+
+
+@contextlib.contextmanager
+def _stopped_by_sigterm() -> Iterator[None]:
+    """SIGTERM (systemd, Docker, supervisord stop with it) stops the block as Ctrl-C
+    does. (A process started in the background by a shell ignores SIGINT, and so does
+    a worker started from it; SIGTERM still reaches it.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread can handle signals
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _flush_rounds(kit: shardkit.Kit, interval: float, once: bool) -> None:
     try:
         while True:
             started = time.monotonic()
