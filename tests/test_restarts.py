@@ -465,9 +465,10 @@ def test_a_cache_outage_is_logged_in_a_few_lines_that_count_the_failures(
     postgres: Server, redis: Server, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Eight writers of a sharded counter make 250 calls each while Redis is down: each
-    call is stored, and its cache upkeep fails (2,000 failures). The log shows the first
-    failure, then, once Redis is back, one line saying it works again that counts all
-    2,000 (a line every 10 s in between, were the outage longer)."""
+    call is stored, and the upkeep of the cached value, gathered and sent every
+    ``adjust_delay``, fails while the outage lasts. The log shows the first failure,
+    then, once Redis is back, one line saying it works again that counts them all (a
+    line every 10 s in between, were the outage longer)."""
     kit = shardkit.connect(postgres.url, redis.url, prefix=PREFIX)
     phase = threading.Barrier(WRITERS + 1, timeout=DEADLINE)
     done = threading.Event()
@@ -503,16 +504,18 @@ def test_a_cache_outage_is_logged_in_a_few_lines_that_count_the_failures(
 
         lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
         assert len(lines) <= 3, "\n".join(lines)  # first, recovery, a 10 s line if slow
-        assert "failed while adjusting a cached value" in lines[0]
+        assert "failed while adjusting cached values" in lines[0]
         again = re.fullmatch(
-            r"adjusting a cached value works again: (\d+) failures in [\d.]+ s "
+            r"adjusting cached values works again: (\d+) failures in [\d.]+ s "
             r"\((\d+) not logged until now\)",
             lines[-1],
         )
         assert again, lines[-1]
         held = [int(n) for n in re.findall(r"\(and (\d+) more not logged\)", "\n".join(lines))]
-        assert int(again[1]) == WRITERS * CALLS
-        assert len(lines) - 1 + sum(held) + int(again[2]) == WRITERS * CALLS
+        # Each failure is a gathered batch of adjustments that the cache did not take
+        # (a send every adjust_delay while writes come), and every one is accounted for.
+        assert 1 <= int(again[1]) <= WRITERS * CALLS
+        assert len(lines) - 1 + sum(held) + int(again[2]) == int(again[1])
     finally:
         done.set()
         kit.close()
