@@ -1,8 +1,9 @@
 """One endpoint per way of counting a hit on a hot object, and one that does nothing.
 
 Each answers ``ok`` after its update: ``/column/<pk>`` on a plain column,
-``/sharded/<pk>`` and ``/buffered/<pk>`` on the video's sharded and buffered counts; and
-``/noop``, the framework's ceiling. The site's own pages stay as they are.
+``/sharded/<pk>`` and ``/buffered/<pk>`` on the video's sharded and buffered counts;
+``/likes-incr/<pk>``, the buffered count's ``incr()`` on a video whose key is trusted (no
+read); and ``/noop``, the framework's ceiling. The site's own pages stay as they are.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ def buffered(request: HttpRequest, pk: int) -> HttpResponse:
     return HttpResponse(b"ok")
 
 
+def likes_incr(request: HttpRequest, pk: int) -> HttpResponse:
+    Video(pk=pk).likes.incr()  # the key is trusted: no read of the object
+    return HttpResponse(b"ok")
+
+
 def noop(request: HttpRequest) -> HttpResponse:
     return HttpResponse(b"ok")
 
@@ -37,6 +43,7 @@ urlpatterns = [
     path("column/<int:pk>", column),
     path("sharded/<int:pk>", sharded),
     path("buffered/<int:pk>", buffered),
+    path("likes-incr/<int:pk>", likes_incr),
     path("noop", noop),
     path("", include("django_site.urls")),
 ]
