@@ -19,7 +19,8 @@ from shardkit.cache.base import Cache
 from shardkit.errors import BackendError
 
 _ADJUSTING = "adjusting cached values"
-# How long ``sync`` waits for adjustments to be sent before serving the cache as it is.
+# How long ``sync`` waits for adjustments to be sent before serving the cache as it is,
+# and ``close`` for the last of them (a cache that hangs must not hang the kit's close).
 _SYNC_TIMEOUT = 10.0
 
 
@@ -85,13 +86,14 @@ class Adjuster:
                 self._changed.wait_for(lambda: self._sent >= target, _SYNC_TIMEOUT)
 
     def close(self) -> None:
-        """Send what is pending and stop the thread. Idempotent."""
+        """Send what is pending and stop the thread (waiting a few seconds at most).
+        Idempotent."""
         with self._changed:
             self._closed = True
             self._changed.notify_all()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join()
+            thread.join(_SYNC_TIMEOUT)
 
     def _run(self) -> None:
         changed = self._changed
