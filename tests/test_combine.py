@@ -15,6 +15,8 @@ from shardkit._combine import Combiner
 from shardkit.errors import BackendError, CounterOverflow
 from shardkit.validation import INT64_MAX
 
+DEADLINE = 60.0  # seconds: how long a held batch waits for its test to open the gate
+
 
 class Gate:
     """A write function that records its batches and, while closed, holds each one until
@@ -30,7 +32,8 @@ class Gate:
     def __call__(self, batch: Sequence[Any]) -> Sequence[Any]:
         self.batches.append(list(batch))
         self.entered.release()
-        self._open.wait()
+        if not self._open.wait(DEADLINE):
+            raise TimeoutError("the gate was never opened")
         if self.fail is not None:
             error, self.fail = self.fail, None
             raise error
@@ -54,7 +57,7 @@ def threads() -> Iterator[Callable[[Callable[[], object]], dict[str, Any]]]:
             except Exception as exc:
                 outcome["error"] = exc
 
-        thread = threading.Thread(target=run)
+        thread = threading.Thread(target=run, daemon=True)  # never holds up the session
         thread.start()
         started.append(thread)
         return outcome
