@@ -503,19 +503,26 @@ def test_a_cache_outage_is_logged_in_a_few_lines_that_count_the_failures(
             thread.join(DEADLINE)
 
         lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-        assert len(lines) <= 3, "\n".join(lines)  # first, recovery, a 10 s line if slow
-        assert "failed while adjusting cached values" in lines[0]
+        adjusting = [line for line in lines if "adjusting cached values" in line]
+        # A thread whose increments others always led takes its shard ticket when it
+        # first leads a combined write, which may be during the outage: at most one line
+        # says so (the others are held back), and it falls back to a random shard.
+        tickets = [line for line in lines if "taking a shard ticket" in line]
+        assert len(adjusting) + len(tickets) == len(lines), "\n".join(lines)
+        assert len(tickets) <= 1, "\n".join(lines)
+        assert len(adjusting) <= 3, "\n".join(lines)  # first, recovery, a 10 s line if slow
+        assert "failed while adjusting cached values" in adjusting[0]
         again = re.fullmatch(
             r"adjusting cached values works again: (\d+) failures in [\d.]+ s "
             r"\((\d+) not logged until now\)",
-            lines[-1],
+            adjusting[-1],
         )
-        assert again, lines[-1]
-        held = [int(n) for n in re.findall(r"\(and (\d+) more not logged\)", "\n".join(lines))]
+        assert again, adjusting[-1]
+        held = [int(n) for n in re.findall(r"\(and (\d+) more not logged\)", "\n".join(adjusting))]
         # Each failure is a gathered batch of adjustments that the cache did not take
         # (a send every adjust_delay while writes come), and every one is accounted for.
         assert 1 <= int(again[1]) <= WRITERS * CALLS
-        assert len(lines) - 1 + sum(held) + int(again[2]) == int(again[1])
+        assert len(adjusting) - 1 + sum(held) + int(again[2]) == int(again[1])
     finally:
         done.set()
         kit.close()
