@@ -18,6 +18,13 @@ from shardkit.validation import INT64_MAX
 DEADLINE = 60.0  # seconds: how long a held batch waits for its test to open the gate
 
 
+def _queued(counter: shardkit.ShardedCounter) -> int:
+    """How many writes wait in the counter's combiner for the next batch."""
+    combiner = counter.roles["Writes"]
+    assert isinstance(combiner, Combiner)
+    return combiner.waiting
+
+
 class Gate:
     """A write function that records its batches and, while closed, holds each one until
     ``open()``; ``fail`` makes the next batch raise instead."""
@@ -193,7 +200,7 @@ def test_concurrent_sharded_writes_share_one_statement(
         threads(lambda: votes.incr(3, key="k1")),  # a repeat within the batch
         threads(lambda: votes.decr(4)),
     ]
-    wait_for(lambda: votes._combiner is not None and votes._combiner.waiting == 4, "4 queued")
+    wait_for(lambda: _queued(votes) == 4, "4 queued")
     gate.open()
     for outcome in (first, *rest):
         wait_for(lambda o=outcome: bool(o), "every caller to return")
@@ -217,7 +224,7 @@ def test_a_failed_combined_statement_fails_all_its_callers_and_applies_none(
     # The second statement adds 3 + 3 + 3 to the first's 4: past the shard's 10 of room,
     # where one by one only the last would have failed. All three fail; none applies.
     rest = [threads(lambda: votes.incr(3)) for _ in range(3)]
-    wait_for(lambda: votes._combiner is not None and votes._combiner.waiting == 3, "queued")
+    wait_for(lambda: _queued(votes) == 3, "queued")
     gate.open()
     for outcome in (first, *rest):
         wait_for(lambda o=outcome: bool(o), "every caller to return")
@@ -235,7 +242,7 @@ def test_deltas_that_could_sum_past_64_bits_are_written_one_by_one(
     first = threads(lambda: votes.incr(1))
     gate.entered.acquire()
     rest = [threads(lambda: votes.incr(2**62)) for _ in range(2)]  # 2**63 together
-    wait_for(lambda: votes._combiner is not None and votes._combiner.waiting == 2, "queued")
+    wait_for(lambda: _queued(votes) == 2, "queued")
     gate.open()
     for outcome in (first, *rest):
         wait_for(lambda o=outcome: bool(o), "every caller to return")

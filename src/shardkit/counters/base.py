@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 from shardkit._failures import FailureLog
+from shardkit._program import Call, Program
 from shardkit.cache.base import Cache
 from shardkit.counters.adjuster import Adjuster
 from shardkit.errors import BackendError
@@ -17,12 +19,11 @@ from shardkit.store.base import Store
 log = logging.getLogger("shardkit")
 
 
-@dataclass(frozen=True)
-class CounterSettings:
-    """The backends and settings a kit hands each of its counters."""
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """A kit's settings, as its counters' rules read them (the same for the sync and the
+    async kit)."""
 
-    store: Store
-    cache: Cache
     cache_ttl: float = 5.0
     """Seconds a cached value may live: the bound on a cached read's staleness."""
     max_shards: int = 1000
@@ -37,6 +38,23 @@ class CounterSettings:
     random: Callable[[], float] = field(default=random.random)
     failures: FailureLog = field(default_factory=FailureLog, compare=False, repr=False)
     """Where the kit's counters log failures that do not fail their call, rate-limited."""
+
+    @property
+    def namespace(self) -> str:
+        """Prefix of every cache key: ``shardkit:`` and the store's identity, so that
+        stores sharing one cache never meet in it."""
+        raise NotImplementedError
+
+    def cache_key(self, name: str, part: str) -> str:
+        return f"{self.namespace}{part}:{name}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CounterSettings(Options):
+    """The backends and settings a (sync) kit hands each of its counters."""
+
+    store: Store
+    cache: Cache
     adjuster: Adjuster = field(init=False, compare=False, repr=False)
     """Where sharded writes leave their adjustments of cached values."""
 
@@ -46,12 +64,13 @@ class CounterSettings:
 
     @cached_property
     def namespace(self) -> str:
-        """Prefix of every cache key: the store's identity, so that stores sharing one
-        cache never meet in it. Read from the store on first use."""
+        """Prefix of every cache key (read from the store on first use)."""
         return f"shardkit:{self.store.identity()}:"
 
-    def cache_key(self, name: str, part: str) -> str:
-        return f"{self.namespace}{part}:{name}"
+    @property
+    def roles(self) -> dict[str, object]:
+        """The backends, by the role each plays in the counters' programs."""
+        return {"Store": self.store, "Cache": self.cache, "Adjuster": self.adjuster}
 
     def best_effort(self, action: str, call: Callable[[], object]) -> None:
         """Run a backend call whose failure must not fail the caller (the write it follows
@@ -65,3 +84,17 @@ class CounterSettings:
             )
         else:
             self.failures.worked(action)
+
+
+def best_effort(options: Options, action: str, step: Iterable[Call[Any]]) -> Program[None]:
+    """Carry out ``step``, whose failure must not fail the caller (the write it follows
+    has happened already: raising would invite a doubled retry); log the failure
+    (``options.failures``: the first of an outage, then a count now and then)."""
+    try:
+        yield from step
+    except BackendError as exc:
+        options.failures.failed(
+            action, "failed while %s (the call itself succeeded): %s", action, exc
+        )
+    else:
+        options.failures.worked(action)

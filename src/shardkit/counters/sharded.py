@@ -6,12 +6,16 @@ import os
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from shardkit._combine import Combiner
-from shardkit.counters.base import CounterSettings
+from shardkit._program import Program, blocking, call, run
+from shardkit.cache.base import Cache
+from shardkit.counters.adjuster import Adjuster
+from shardkit.counters.base import CounterSettings, Options, best_effort
 from shardkit.errors import BackendError, ShardkitError
-from shardkit.store.base import CounterInfo
+from shardkit.store.base import CounterInfo, Store
 from shardkit.validation import check_delta, check_name, check_shards, sums_fit
 
 # How often a writer re-reads the shard count, to follow a grow() made elsewhere.
@@ -22,10 +26,142 @@ _PURGE_CHANCE = 1 / 1000
 _TICKET = "taking a shard ticket"
 _READ = "reading a cached value"
 
-_Write = tuple[int, str | None]  # (delta, idempotency key)
+Write = tuple[int, str | None]  # (delta, idempotency key)
 
 
-class ShardedCounter:
+class Writes(Protocol):
+    """The role that carries out a counter's writes: a combiner (concurrent writes share
+    one statement), or a plain call of the counter's ``_write``."""
+
+    def __call__(self, write: Write, /) -> bool | ShardkitError: ...
+
+
+class ShardedCore:
+    """The sharded counter's rules, for its sync and async forms (see ``ShardedCounter``).
+
+    Its programs run on the roles ``Store``, ``Cache``, ``Adjuster`` and ``Writes``.
+    """
+
+    kind = "sharded"
+    roles: Mapping[str, Any]
+
+    def __init__(self, info: CounterInfo, options: Options, local: Any) -> None:
+        """``local`` holds a writer's shard ticket: per thread, or per process where one
+        task at a time writes."""
+        self.name = info.name
+        self._options = options
+        self._shards = info.shards
+        self._shards_read_at = time.monotonic()
+        self._value_key = options.cache_key(self.name, "sharded:value")
+        self._ticket_key = options.cache_key(self.name, "sharded:ticket")
+        self._local = local
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} shards={self._shards}>"
+
+    # -- writes ------------------------------------------------------------------------
+
+    def _incr(self, delta: int = 1, *, key: str | None = None) -> Program[bool]:
+        """Add ``delta`` (an int within signed 64-bit, may be negative).
+
+        Returns True when applied, False when ``key`` had been applied already.
+        """
+        return (yield from self._add(check_delta(delta), key))
+
+    def _decr(self, delta: int = 1, *, key: str | None = None) -> Program[bool]:
+        """Subtract ``delta``; the same contract as ``incr``."""
+        return (yield from self._add(check_delta(-check_delta(delta)), key))
+
+    def _add(self, delta: int, key: str | None) -> Program[bool]:
+        options = self._options
+        if key is not None:
+            check_name(key, "idempotency key")
+        applied = yield from call(Writes.__call__, (delta, key))
+        if isinstance(applied, ShardkitError):
+            raise applied
+        if key is not None and options.random() < _PURGE_CHANCE:
+            yield from call(Store.purge_keys, time.time() - options.key_retention)
+        return applied
+
+    def _write(self, writes: Sequence[Write]) -> Program[list[bool | ShardkitError]]:
+        """Write a batch of ``(delta, key)`` to this writer's home shard, in one statement
+        (or transaction, with keys); then leave the applied sum to the kit's adjuster.
+        Writes that might sum outside signed 64-bit are made one by one, each with its
+        own outcome."""
+        if len(writes) > 1 and not sums_fit([delta for delta, _ in writes]):
+            outcomes: list[bool | ShardkitError] = []
+            for write in writes:
+                try:
+                    outcomes.extend((yield from self._write([write])))
+                except ShardkitError as exc:
+                    outcomes.append(exc)
+            return outcomes
+        shard = yield from self._home_shard()
+        applied = yield from call(Store.add_many, self.name, shard, writes)
+        moved = sum(delta for (delta, _), ok in zip(writes, applied, strict=True) if ok)
+        if moved:
+            yield from call(Adjuster.add, self._value_key, moved)
+        return list(applied)
+
+    def _home_shard(self) -> Program[int]:
+        # Keyed by process: a forked child takes its own ticket, not its parent's shard.
+        pid, ticket = getattr(self._local, "ticket", (None, 0))
+        if pid != os.getpid():
+            ticket = yield from take_ticket(self._options, self._ticket_key)
+            self._local.ticket = (os.getpid(), ticket)
+        if time.monotonic() - self._shards_read_at > _SHARDS_REFRESH:
+            yield from self._refresh_shards()
+        return int(ticket) % self._shards
+
+    def _refresh_shards(self) -> Program[int]:
+        """The current shard count, read from the store."""
+        info = yield from call(Store.counter, self.name)
+        if info is not None:
+            self._shards = max(self._shards, info.shards)
+        self._shards_read_at = time.monotonic()
+        return self._shards
+
+    def _applied(self, delta: int) -> Program[None]:
+        """Note that a statement of the caller's own has added ``delta`` to this counter's
+        shard rows (the Django app's counting updates write them in the statement that
+        finds the objects): its cached value is moved as an increment's would be."""
+        yield from call(Adjuster.add, self._value_key, check_delta(delta))
+
+    def _grow(self, shards: int) -> Program[int]:
+        """Raise the shard count to ``shards`` (never lowers it); return the new count.
+
+        The value is unchanged: it is the sum of the rows, and new rows start empty.
+        """
+        check_shards(shards, self._options.max_shards)
+        info = yield from call(Store.open_counter, self.name, self.kind, shards)
+        self._shards = info.shards
+        self._shards_read_at = time.monotonic()
+        return info.shards
+
+    # -- reads -------------------------------------------------------------------------
+
+    def _value(self, *, fresh: bool = False) -> Program[int]:
+        """The counter's value: cached (stale by at most ``cache_ttl``) unless ``fresh``."""
+        options = self._options
+        if not fresh:
+            yield from call(Adjuster.sync)  # this process's own writes are in what it reads
+            try:
+                cached = yield from call(Cache.get, self._value_key)
+            except BackendError as exc:
+                options.failures.failed(_READ, "failed while %s: %s", _READ, exc)
+                cached = None
+            else:
+                options.failures.worked(_READ)
+            if cached is not None:
+                return cached
+        total = yield from call(Store.total, self.name)
+        if not fresh:
+            caching = call(Cache.add, self._value_key, total, options.cache_ttl)
+            yield from best_effort(options, "caching a value", caching)
+        return total
+
+
+class ShardedCounter(ShardedCore):
     """An exact counter spread over ``shards`` rows of the store.
 
     Guarantees:
@@ -58,145 +194,43 @@ class ShardedCounter:
     Thread-safe; usable in a forked child.
     """
 
-    kind = "sharded"
-
     def __init__(self, info: CounterInfo, settings: CounterSettings) -> None:
-        self.name = info.name
+        super().__init__(info, settings, threading.local())
         self._settings = settings
-        self._shards = info.shards
-        self._shards_read_at = time.monotonic()
-        self._value_key = settings.cache_key(self.name, "sharded:value")
-        self._ticket_key = settings.cache_key(self.name, "sharded:ticket")
-        self._local = threading.local()
         # Concurrent writes from this process's threads share one statement, unless each
         # belongs to its caller's transaction.
-        self._combiner = Combiner(self._write) if settings.store.combinable else None
+        writes: Writes = (
+            Combiner(self._write_now)
+            if settings.store.combinable
+            else lambda write: self._write_now([write])[0]
+        )
+        self.roles = {**settings.roles, "Writes": writes}
 
-    def __repr__(self) -> str:
-        return f"<ShardedCounter {self.name!r} shards={self._shards}>"
+    def _write_now(self, writes: Sequence[Write]) -> list[bool | ShardkitError]:
+        return run(self._write(writes), self.roles)
 
-    # -- writes ------------------------------------------------------------------------
-
-    def incr(self, delta: int = 1, *, key: str | None = None) -> bool:
-        """Add ``delta`` (an int within signed 64-bit, may be negative).
-
-        Returns True when applied, False when ``key`` had been applied already.
-        """
-        return self._add(check_delta(delta), key)
-
-    def decr(self, delta: int = 1, *, key: str | None = None) -> bool:
-        """Subtract ``delta``; the same contract as ``incr``."""
-        return self._add(check_delta(-check_delta(delta)), key)
-
-    def _add(self, delta: int, key: str | None) -> bool:
-        settings = self._settings
-        if key is not None:
-            check_name(key, "idempotency key")
-        if self._combiner is None:
-            applied = self._write([(delta, key)])[0]
-        else:
-            applied = self._combiner((delta, key))
-        if isinstance(applied, ShardkitError):
-            raise applied
-        if key is not None and settings.random() < _PURGE_CHANCE:
-            settings.store.purge_keys(time.time() - settings.key_retention)
-        return applied
-
-    def _write(self, writes: Sequence[_Write]) -> list[bool | ShardkitError]:
-        """Write a batch of ``(delta, key)`` to this thread's home shard, in one statement
-        (or transaction, with keys); then leave the applied sum to the kit's adjuster.
-        Writes that might sum outside signed 64-bit are made one by one, each with its
-        own outcome."""
-        store, shard = self._settings.store, self._home_shard()
-        if len(writes) > 1 and not sums_fit([delta for delta, _ in writes]):
-            outcomes: list[bool | ShardkitError] = []
-            for write in writes:
-                try:
-                    outcomes.extend(self._write([write]))
-                except ShardkitError as exc:
-                    outcomes.append(exc)
-            return outcomes
-        applied = store.add_many(self.name, shard, writes)
-        moved = sum(delta for (delta, _), ok in zip(writes, applied, strict=True) if ok)
-        if moved:
-            self._settings.adjuster.add(self._value_key, moved)
-        return list(applied)
-
-    def _home_shard(self) -> int:
-        # Keyed by process: a forked child takes its own ticket, not its parent's shard.
-        pid, ticket = getattr(self._local, "ticket", (None, 0))
-        if pid != os.getpid():
-            ticket = take_ticket(self._settings, self._ticket_key)
-            self._local.ticket = (os.getpid(), ticket)
-        if time.monotonic() - self._shards_read_at > _SHARDS_REFRESH:
-            self._refresh_shards()
-        return ticket % self._shards
-
-    def _refresh_shards(self) -> None:
-        info = self._settings.store.counter(self.name)
-        if info is not None:
-            self._shards = max(self._shards, info.shards)
-        self._shards_read_at = time.monotonic()
-
-    def applied(self, delta: int) -> None:
-        """Note that a statement of the caller's own has added ``delta`` to this counter's
-        shard rows (the Django app's counting updates write them in the statement that
-        finds the objects): its cached value is moved as an increment's would be."""
-        self._settings.adjuster.add(self._value_key, check_delta(delta))
-
-    def grow(self, shards: int) -> int:
-        """Raise the shard count to ``shards`` (never lowers it); return the new count.
-
-        The value is unchanged: it is the sum of the rows, and new rows start empty.
-        """
-        check_shards(shards, self._settings.max_shards)
-        info = self._settings.store.open_counter(self.name, self.kind, shards)
-        self._shards = info.shards
-        self._shards_read_at = time.monotonic()
-        return info.shards
-
-    # -- reads -------------------------------------------------------------------------
+    incr = blocking(ShardedCore._incr)
+    decr = blocking(ShardedCore._decr)
+    grow = blocking(ShardedCore._grow)
+    value = blocking(ShardedCore._value)
+    applied = blocking(ShardedCore._applied)
 
     @property
     def shards(self) -> int:
         """The current shard count, read from the store."""
-        self._refresh_shards()
-        return self._shards
-
-    def value(self, *, fresh: bool = False) -> int:
-        """The counter's value: cached (stale by at most ``cache_ttl``) unless ``fresh``."""
-        settings = self._settings
-        if not fresh:
-            settings.adjuster.sync()  # this process's own writes are in what it reads
-            try:
-                cached = settings.cache.get(self._value_key)
-            except BackendError as exc:
-                url = settings.cache.url
-                settings.failures.failed(_READ, "cache %s failed while %s: %s", url, _READ, exc)
-                cached = None
-            else:
-                settings.failures.worked(_READ)
-            if cached is not None:
-                return cached
-        total = settings.store.total(self.name)
-        if not fresh:
-            settings.best_effort(
-                "caching a value",
-                lambda: settings.cache.add(self._value_key, total, settings.cache_ttl),
-            )
-        return total
+        return run(self._refresh_shards(), self.roles)
 
 
-def take_ticket(settings: CounterSettings, key: str) -> int:
+def take_ticket(options: Options, key: str) -> Program[int]:
     """A number unique among the takers of ``key``'s tickets while the cache keeps it, to
     pick a home shard by; the first taker seeds it at random, so that private
     (per-process) caches still spread their processes over the shards."""
-    cache, failures = settings.cache, settings.failures
+    failures = options.failures
     try:
-        cache.add(key, random.randrange(1 << 30), 86400)
-        ticket = cache.incr(key, 1)
+        yield from call(Cache.add, key, random.randrange(1 << 30), 86400)
+        ticket = yield from call(Cache.incr, key, 1)
     except BackendError as exc:
-        failures.failed(_TICKET, "cache %s failed while %s: %s", cache.url, _TICKET, exc)
+        failures.failed(_TICKET, "failed while %s: %s", _TICKET, exc)
         ticket = None
     else:
         failures.worked(_TICKET)

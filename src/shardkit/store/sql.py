@@ -16,7 +16,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
@@ -26,6 +26,7 @@ from sqlalchemy.pool import QueuePool
 
 from shardkit import _urls
 from shardkit._fork import reset_in_child
+from shardkit._program import Program, blocking, call
 from shardkit.errors import (
     BackendError,
     BackendUnavailable,
@@ -287,28 +288,45 @@ def unprepare_behind_pooler(connection: Any) -> bool:
     return pooled
 
 
-class SqlStore:
-    """A durable store on any SQL database SQLAlchemy reaches through one of our drivers.
+class Sql(Protocol):
+    """The role of a SQL store's driver in the store's programs: how a statement is run,
+    blocking (``SqlStore``) or on an event loop (``shardkit.aio``'s store)."""
+
+    def read(self, action: str, statement: sa.Executable, *, autocommit: bool = False) -> list[Any]:
+        """Run a query and return its rows; with ``autocommit``, outside any transaction
+        (no BEGIN or ROLLBACK around it: it sees whatever was committed before it)."""
+        ...
+
+    def transaction(self, action: str, work: Callable[[Connection], _T]) -> _T:
+        """Run ``work`` in one transaction, again if the database chose it as a deadlock
+        victim (its effects were rolled back whole, so running it again is safe)."""
+        ...
+
+    def fast_add(self, params: Mapping[str, Any]) -> None:
+        """Run the shard upsert with ``params`` in one round trip, committed at once."""
+        ...
+
+
+class SqlCore:
+    """What the sync and async SQL stores share: the tables, the statements and the rules
+    (``Store``'s methods, as programs run on the role ``Sql``).
 
     Tables are named ``{prefix}counters``, ``{prefix}shards``, ``{prefix}keys``,
     ``{prefix}flushed`` (what each cache generation of a buffered counter has flushed),
     ``{prefix}maxima`` (the highest values persisted by monotonic counters),
     ``{prefix}identity`` (the store's identity, one row), and the
     mapper's ledger, ``{prefix}jobs`` and ``{prefix}ranges``.
-    Thread-safe; fork-safe (a child opens its own connections). Writes without an
-    idempotency key run on held autocommit connections (at most ``pool_size - 1`` held,
-    so other users of the engine's pool are never starved).
     """
 
     combinable = True  # its writes run on connections of its own
 
-    def __init__(self, engine: Engine, *, prefix: str = "shardkit_", owns_engine: bool = False):
-        self.engine = engine
-        self.url = engine.url.render_as_string(hide_password=True)
-        self._owns_engine = owns_engine
-        self.dialect = _Dialect(engine.dialect.name)
-        if engine.dialect.name not in ("sqlite", "postgresql", "mysql", "mariadb"):
-            raise ConfigurationError(f"unsupported SQL database {engine.dialect.name!r}")
+    def __init__(self, dialect: sa.Dialect, url: sa.URL, *, prefix: str) -> None:
+        self.url = url.render_as_string(hide_password=True)
+        self._password = url.password
+        self._database = url.database
+        if dialect.name not in ("sqlite", "postgresql", "mysql", "mariadb"):
+            raise ConfigurationError(f"unsupported SQL database {dialect.name!r}")
+        self.dialect = _Dialect(dialect.name)
         metadata = sa.MetaData()
         self.counters_table = sa.Table(
             f"{prefix}counters",
@@ -393,18 +411,11 @@ class SqlStore:
         self._upsert_add = self.dialect.upsert(self.shards_table, {"value": _add})
         self._fold = self.dialect.upsert(self.flushed_table, {"up": _add, "down": _add})
         self._raise_max = self.dialect.upsert(self.maxima_table, {"value": _greatest})
-        self._fast_add = _Compiled(self._upsert_add, engine.dialect)
-        pool = engine.pool
-        self._max_held = pool.size() - 1 if isinstance(pool, QueuePool) else 0
-        self._held: queue.SimpleQueue[Connection] = queue.SimpleQueue()
         self._identity: str | None = None
-        watch_for_poolers(engine)
-        reset_in_child(self, SqlStore._after_fork)
 
-    def _after_fork(self) -> None:
-        _INHERITED.append(self._held)
-        self._held = queue.SimpleQueue()
-        self.engine.dispose(close=False)
+    @property
+    def roles(self) -> Mapping[str, Any]:
+        return {"Sql": self}
 
     # -- errors ------------------------------------------------------------------------
 
@@ -414,7 +425,7 @@ class SqlStore:
         ``CounterOverflow`` when the database refused a value outside signed 64-bit (so
         nothing was written). A lost connection means the server went away: the held
         connections are dropped too."""
-        text = _urls.scrub(str(getattr(exc, "orig", None) or exc), self.engine.url.password)
+        text = _urls.scrub(str(getattr(exc, "orig", None) or exc), self._password)
         detail = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
         if self.dialect.is_out_of_range(exc):
             return CounterOverflow(
@@ -427,6 +438,384 @@ class SqlStore:
         if isinstance(exc, sa.exc.OperationalError) and "connect" in detail.lower():
             return BackendUnavailable(f"cannot reach the store at {self.url}: {detail}")
         return BackendError(f"store {self.url} failed while {action}: {detail}")
+
+    def _drop_held(self) -> None:
+        """Let go of connections held for fast writes (they died with the server)."""
+
+    # -- schema ------------------------------------------------------------------------
+
+    def _create_schema(self) -> Program[None]:
+        """Create the tables if missing. Concurrent callers may race: a loser's "already
+        exists" error is absorbed by another, checking, attempt. Each failed attempt
+        means a racer created a table meanwhile, so one attempt per table (and one more)
+        is enough however the racers interleave."""
+        if self.dialect.name == "sqlite" and self._database:
+            yield from call(
+                Sql.transaction,
+                "creating the schema",
+                lambda conn: conn.exec_driver_sql("PRAGMA journal_mode=WAL"),
+            )
+        attempts = len(self.metadata.tables) + 1
+        racing = (sa.exc.ProgrammingError, sa.exc.IntegrityError, sa.exc.OperationalError)
+        for attempt in range(attempts):
+            try:
+                yield from call(Sql.transaction, "creating the schema", self._create_tables)
+                return
+            except BackendError as exc:
+                if attempt == attempts - 1 or not isinstance(exc.__cause__, racing):
+                    raise
+
+    def _create_tables(self, conn: Connection) -> None:
+        self.metadata.create_all(conn, checkfirst=True)
+        self.add_missing_columns(conn)
+
+    def add_missing_columns(self, conn: Connection) -> None:
+        """Add to tables made by an earlier version the nullable columns they lack (a
+        range's ``planned`` rows). Idempotent; a concurrent caller's addition makes this
+        one fail, and a second look finds the column there."""
+        table = self.ranges_table
+        have = {column["name"] for column in sa.inspect(conn).get_columns(table.name)}
+        name = conn.dialect.identifier_preparer.format_table(table)
+        for column in table.columns:
+            if column.name not in have and column.nullable:
+                definition = sa.schema.CreateColumn(column).compile(dialect=conn.dialect)
+                conn.exec_driver_sql(f"ALTER TABLE {name} ADD COLUMN {definition}")
+
+    def _identity_of_store(self) -> Program[str]:
+        """See ``Store.identity``."""
+        if self._identity is None:
+            table = self.identity_table
+            found = yield from call(
+                Sql.read, "reading the store's identity", sa.select(table.c.identity)
+            )
+            if not found:  # a new store: the first to record its identity wins
+
+                def work(conn: Connection) -> Any:
+                    made = {"one": 1, "identity": uuid.uuid4().hex}
+                    self.dialect.insert_ignore(conn, table, made)
+                    return conn.execute(sa.select(table.c.identity)).all()
+
+                found = yield from call(Sql.transaction, "recording the store's identity", work)
+            self._identity = str(found[0].identity)
+        return self._identity
+
+    # -- counters ----------------------------------------------------------------------
+
+    def _open_counter(
+        self, name: str, kind: str, shards: int, *, grow: bool = True
+    ) -> Program[CounterInfo]:
+        """See ``Store.open_counter``."""
+        table = self.counters_table
+
+        def work(conn: Connection) -> Any:
+            # Growing first takes the row's write lock at once; inserting first would take
+            # a shared lock on an existing row and then need to upgrade it, which deadlocks
+            # against a concurrent opener doing the same on MySQL.
+            if grow:
+                conn.execute(
+                    sa.update(table)
+                    .where(table.c.name == name, table.c.kind == kind, table.c.shards < shards)
+                    .values(shards=shards)
+                )
+            self.dialect.insert_ignore(conn, table, {"name": name, "kind": kind, "shards": shards})
+            return conn.execute(
+                sa.select(table.c.kind, table.c.shards).where(table.c.name == name)
+            ).one()
+
+        found = yield from call(Sql.transaction, f"opening counter {name!r}", work)
+        if found.kind != kind:
+            raise CounterKindMismatch(f"{name!r} is a {found.kind} counter, not a {kind} counter")
+        return CounterInfo(name, kind, int(found.shards))
+
+    def _counter(self, name: str) -> Program[CounterInfo | None]:
+        """See ``Store.counter``."""
+        table = self.counters_table
+        rows = yield from call(
+            Sql.read,
+            f"reading counter {name!r}",
+            sa.select(table.c.name, table.c.kind, table.c.shards).where(table.c.name == name),
+        )
+        return CounterInfo(rows[0].name, rows[0].kind, int(rows[0].shards)) if rows else None
+
+    def _counters(self) -> Program[list[CounterInfo]]:
+        """See ``Store.counters``."""
+        table = self.counters_table
+        rows = yield from call(
+            Sql.read,
+            "listing counters",
+            sa.select(table.c.name, table.c.kind, table.c.shards).order_by(table.c.name),
+        )
+        return [CounterInfo(row.name, row.kind, int(row.shards)) for row in rows]
+
+    # -- writes ------------------------------------------------------------------------
+
+    def _add(self, name: str, shard: int, delta: int, key: str | None = None) -> Program[bool]:
+        """See ``Store.add``."""
+        return (yield from self._add_many(name, shard, [(delta, key)]))[0]
+
+    def _add_many(
+        self, name: str, shard: int, writes: Sequence[tuple[int, str | None]]
+    ) -> Program[list[bool]]:
+        """See ``Store.add_many``."""
+        if not sums_fit([delta for delta, _ in writes]):
+            raise InvalidDelta(f"{len(writes)} deltas could sum outside signed 64-bit")
+        keyed = [key for _, key in writes if key is not None]
+        if not keyed:
+            yield from call(Sql.fast_add, self._add_params(name, shard, [d for d, _ in writes]))
+            return [True] * len(writes)
+
+        def work(conn: Connection) -> list[bool]:
+            created_at = time.time()
+            new = {
+                key
+                for key in dict.fromkeys(keyed)
+                if self.dialect.insert_ignore(
+                    conn, self.keys_table, {"name": name, "key": key, "created_at": created_at}
+                )
+            }
+            applied = []
+            for _, key in writes:
+                applied.append(key is None or key in new)
+                new.discard(key)  # a key repeated in ``writes`` applies once, first
+            deltas = [delta for (delta, _), ok in zip(writes, applied, strict=True) if ok]
+            if deltas:
+                conn.execute(self._upsert_add, self._add_params(name, shard, deltas))
+            return applied
+
+        return (yield from call(Sql.transaction, f"adding to counter {name!r}", work))
+
+    @staticmethod
+    def _add_params(name: str, shard: int, deltas: Sequence[int]) -> dict[str, Any]:
+        return {"p_name": name, "p_shard": shard, "p_value": sum(deltas)}
+
+    # -- reads -------------------------------------------------------------------------
+
+    def _total(self, name: str) -> Program[int]:
+        """See ``Store.total``."""
+        return (yield from self._totals([name]))[name]
+
+    def _totals(self, names: Iterable[str]) -> Program[dict[str, int]]:
+        """See ``Store.totals``."""
+        wanted = list(dict.fromkeys(names))
+        result = dict.fromkeys(wanted, 0)
+        if not wanted:
+            return result
+        shards, flushed = self.shards_table, self.flushed_table
+        high, low, scale = self.dialect.exact_sum(shards.c.value)
+        net_high, net_low, _ = self.dialect.exact_sum(flushed.c.up - flushed.c.down)
+        rows = yield from call(
+            Sql.read,
+            "reading counter values",
+            sa.union_all(
+                sa.select(shards.c.name, high, low)
+                .where(shards.c.name.in_(wanted))
+                .group_by(shards.c.name),
+                sa.select(flushed.c.name, net_high, net_low)
+                .where(flushed.c.name.in_(wanted))
+                .group_by(flushed.c.name),
+            ),
+        )
+        for name, high_sum, low_sum in rows:
+            result[name] += int(high_sum) * scale + int(low_sum)
+        return result
+
+    # -- buffered counters' generations ------------------------------------------------
+
+    def _add_generation(self, name: str, generation: int) -> Program[None]:
+        """See ``Store.add_generation``."""
+        row = {"name": name, "generation": generation, "up": 0, "down": 0}
+        yield from call(
+            Sql.transaction,
+            f"recording a generation of counter {name!r}",
+            lambda conn: self.dialect.insert_ignore(
+                conn, self.flushed_table, {**row, "created_at": time.time()}
+            ),
+        )
+
+    def _generations(self, names: Iterable[str]) -> Program[dict[str, dict[int, Flushed]]]:
+        """See ``Store.generations``."""
+        wanted = list(dict.fromkeys(names))
+        if not wanted:
+            return {}
+        table = self.flushed_table
+        rows = yield from call(
+            Sql.read,
+            "reading flushed generations",
+            sa.select(table.c.name, table.c.generation, table.c.up, table.c.down).where(
+                table.c.name.in_(wanted)
+            ),
+        )
+        result: dict[str, dict[int, Flushed]] = {}
+        for row in rows:
+            result.setdefault(row.name, {})[int(row.generation)] = Flushed(
+                int(row.up), int(row.down)
+            )
+        return result
+
+    def _recorded_at(self, name: str, generations: Iterable[int]) -> Program[dict[int, float]]:
+        """See ``Store.recorded_at``."""
+        table = self.flushed_table
+        statement = sa.select(table.c.generation, table.c.created_at).where(
+            table.c.name == name, table.c.generation.in_(list(generations))
+        )
+        rows = yield from call(Sql.read, f"reading the generations of counter {name!r}", statement)
+        return {int(row.generation): float(row.created_at) for row in rows}
+
+    def _advance(self, name: str, generation: int, seen: Flushed, to: Flushed) -> Program[bool]:
+        """See ``Store.advance``."""
+        table = self.flushed_table
+        statement = (
+            sa.update(table)
+            .where(
+                table.c.name == name,
+                table.c.generation == generation,
+                table.c.up == seen.up,
+                table.c.down == seen.down,
+            )
+            .values(up=to.up, down=to.down)
+        )
+
+        def work(conn: Connection) -> bool:
+            return bool(conn.execute(statement).rowcount == 1)
+
+        return (yield from call(Sql.transaction, f"flushing counter {name!r}", work))
+
+    def _retire(self, name: str, generation: int, applied: Flushed) -> Program[bool]:
+        """See ``Store.retire``."""
+        table = self.flushed_table
+        statement = sa.delete(table).where(
+            table.c.name == name,
+            table.c.generation == generation,
+            table.c.up == applied.up,
+            table.c.down == applied.down,
+        )
+        folded = {
+            "p_name": name,
+            "p_generation": RETIRED,
+            "p_up": applied.up,
+            "p_down": applied.down,
+            "p_created_at": time.time(),
+        }
+
+        def work(conn: Connection) -> bool:
+            if conn.execute(statement).rowcount != 1:
+                return False
+            conn.execute(self._fold, folded)
+            return True
+
+        return (
+            yield from call(Sql.transaction, f"retiring a generation of counter {name!r}", work)
+        )
+
+    # -- monotonic counters' maxima ----------------------------------------------------
+
+    def _raise_max_of(self, name: str, shard: int, value: int) -> Program[None]:
+        """See ``Store.raise_max``."""
+        params = {"p_name": name, "p_shard": shard, "p_value": value}
+        yield from call(
+            Sql.transaction,
+            f"persisting the maximum of counter {name!r}",
+            lambda conn: conn.execute(self._raise_max, params),
+        )
+
+    def _maxima(self, names: Iterable[str]) -> Program[dict[str, int]]:
+        """See ``Store.maxima``."""
+        wanted = list(dict.fromkeys(names))
+        result = dict.fromkeys(wanted, 0)
+        if not wanted:
+            return result
+        table = self.maxima_table
+        rows = yield from call(
+            Sql.read,
+            "reading counter maxima",
+            sa.select(table.c.name, sa.func.max(table.c.value))
+            .where(table.c.name.in_(wanted))
+            .group_by(table.c.name),
+        )
+        result.update({name: int(value) for name, value in rows})
+        return result
+
+    # -- id allocators -----------------------------------------------------------------
+
+    def _reserve(self, name: str, count: int) -> Program[int]:
+        """See ``Store.reserve``."""
+        table = self.shards_table
+        params = {"p_name": name, "p_shard": 0, "p_value": count}
+        if self.dialect.is_mysql:  # no RETURNING: read the row back under the upsert's lock
+            mark = sa.select(table.c.value).where(table.c.name == name, table.c.shard == 0)
+
+            def work(conn: Connection) -> int:
+                conn.execute(self._upsert_add, params)
+                return int(conn.execute(mark).scalar_one())
+
+        else:
+            returning = self._upsert_add.returning(table.c.value)
+
+            def work(conn: Connection) -> int:
+                return int(conn.execute(returning, params).scalar_one())
+
+        return (yield from call(Sql.transaction, f"reserving ids of {name!r}", work))
+
+    # -- maintenance -------------------------------------------------------------------
+
+    def _purge_keys(self, older_than: float) -> Program[int]:
+        """See ``Store.purge_keys``."""
+        table = self.keys_table
+        statement = sa.delete(table).where(table.c.created_at < older_than)
+        return (
+            yield from call(
+                Sql.transaction,
+                "purging idempotency keys",
+                lambda conn: int(conn.execute(statement).rowcount),
+            )
+        )
+
+
+class SqlStore(SqlCore):
+    """A durable store on any SQL database SQLAlchemy reaches through one of our drivers
+    (its tables: see ``SqlCore``).
+
+    Thread-safe; fork-safe (a child opens its own connections). Writes without an
+    idempotency key run on held autocommit connections (at most ``pool_size - 1`` held,
+    so other users of the engine's pool are never starved).
+    """
+
+    def __init__(self, engine: Engine, *, prefix: str = "shardkit_", owns_engine: bool = False):
+        super().__init__(engine.dialect, engine.url, prefix=prefix)
+        self.engine = engine
+        self._owns_engine = owns_engine
+        self._fast_add = _Compiled(self._upsert_add, engine.dialect)
+        pool = engine.pool
+        self._max_held = pool.size() - 1 if isinstance(pool, QueuePool) else 0
+        self._held: queue.SimpleQueue[Connection] = queue.SimpleQueue()
+        watch_for_poolers(engine)
+        reset_in_child(self, SqlStore._after_fork)
+
+    def _after_fork(self) -> None:
+        _INHERITED.append(self._held)
+        self._held = queue.SimpleQueue()
+        self.engine.dispose(close=False)
+
+    create_schema = blocking(SqlCore._create_schema)
+    identity = blocking(SqlCore._identity_of_store)
+    open_counter = blocking(SqlCore._open_counter)
+    counter = blocking(SqlCore._counter)
+    counters = blocking(SqlCore._counters)
+    add = blocking(SqlCore._add)
+    add_many = blocking(SqlCore._add_many)
+    total = blocking(SqlCore._total)
+    totals = blocking(SqlCore._totals)
+    add_generation = blocking(SqlCore._add_generation)
+    generations = blocking(SqlCore._generations)
+    recorded_at = blocking(SqlCore._recorded_at)
+    advance = blocking(SqlCore._advance)
+    retire = blocking(SqlCore._retire)
+    raise_max = blocking(SqlCore._raise_max_of)
+    maxima = blocking(SqlCore._maxima)
+    reserve = blocking(SqlCore._reserve)
+    purge_keys = blocking(SqlCore._purge_keys)
+
+    # -- the role Sql ------------------------------------------------------------------
 
     def transaction(self, action: str, work: Callable[[Connection], _T]) -> _T:
         """Run ``work`` in one transaction, again if the database chose it as a deadlock
@@ -454,138 +843,7 @@ class SqlStore:
         except SQLAlchemyError as exc:
             raise self._error(exc, action) from exc
 
-    # -- schema ------------------------------------------------------------------------
-
-    def create_schema(self) -> None:
-        """Create the tables if missing. Concurrent callers may race: a loser's "already
-        exists" error is absorbed by another, checking, attempt. Each failed attempt
-        means a racer created a table meanwhile, so one attempt per table (and one more)
-        is enough however the racers interleave."""
-        attempts = len(self.metadata.tables) + 1
-        try:
-            with self.engine.begin() as conn:
-                if self.dialect.name == "sqlite" and self.engine.url.database:
-                    conn.exec_driver_sql("PRAGMA journal_mode=WAL")
-            for attempt in range(attempts):
-                try:
-                    self.metadata.create_all(self.engine, checkfirst=True)
-                    self.add_missing_columns()
-                    return
-                except (sa.exc.ProgrammingError, sa.exc.IntegrityError, sa.exc.OperationalError):
-                    if attempt == attempts - 1:
-                        raise
-        except SQLAlchemyError as exc:
-            raise self._error(exc, "creating the schema") from exc
-
-    def add_missing_columns(self) -> None:
-        """Add to tables made by an earlier version the nullable columns they lack (a
-        range's ``planned`` rows). Idempotent; a concurrent caller's addition makes this
-        one fail, and a second look finds the column there."""
-        table = self.ranges_table
-        with self.engine.begin() as conn:
-            have = {column["name"] for column in sa.inspect(conn).get_columns(table.name)}
-            name = conn.dialect.identifier_preparer.format_table(table)
-            for column in table.columns:
-                if column.name not in have and column.nullable:
-                    definition = sa.schema.CreateColumn(column).compile(dialect=conn.dialect)
-                    conn.exec_driver_sql(f"ALTER TABLE {name} ADD COLUMN {definition}")
-
-    def identity(self) -> str:
-        if self._identity is None:
-            table = self.identity_table
-            found = self.read("reading the store's identity", sa.select(table.c.identity))
-            if not found:  # a new store: the first to record its identity wins
-
-                def work(conn: Connection) -> Any:
-                    made = {"one": 1, "identity": uuid.uuid4().hex}
-                    self.dialect.insert_ignore(conn, table, made)
-                    return conn.execute(sa.select(table.c.identity)).all()
-
-                found = self.transaction("recording the store's identity", work)
-            self._identity = str(found[0].identity)
-        return self._identity
-
-    # -- counters ----------------------------------------------------------------------
-
-    def open_counter(self, name: str, kind: str, shards: int, *, grow: bool = True) -> CounterInfo:
-        table = self.counters_table
-
-        def work(conn: Connection) -> Any:
-            # Growing first takes the row's write lock at once; inserting first would take
-            # a shared lock on an existing row and then need to upgrade it, which deadlocks
-            # against a concurrent opener doing the same on MySQL.
-            if grow:
-                conn.execute(
-                    sa.update(table)
-                    .where(table.c.name == name, table.c.kind == kind, table.c.shards < shards)
-                    .values(shards=shards)
-                )
-            self.dialect.insert_ignore(conn, table, {"name": name, "kind": kind, "shards": shards})
-            return conn.execute(
-                sa.select(table.c.kind, table.c.shards).where(table.c.name == name)
-            ).one()
-
-        found = self.transaction(f"opening counter {name!r}", work)
-        if found.kind != kind:
-            raise CounterKindMismatch(f"{name!r} is a {found.kind} counter, not a {kind} counter")
-        return CounterInfo(name, kind, int(found.shards))
-
-    def counter(self, name: str) -> CounterInfo | None:
-        table = self.counters_table
-        rows = self.read(
-            f"reading counter {name!r}",
-            sa.select(table.c.name, table.c.kind, table.c.shards).where(table.c.name == name),
-        )
-        return CounterInfo(rows[0].name, rows[0].kind, int(rows[0].shards)) if rows else None
-
-    def counters(self) -> list[CounterInfo]:
-        table = self.counters_table
-        rows = self.read(
-            "listing counters",
-            sa.select(table.c.name, table.c.kind, table.c.shards).order_by(table.c.name),
-        )
-        return [CounterInfo(row.name, row.kind, int(row.shards)) for row in rows]
-
-    # -- writes ------------------------------------------------------------------------
-
-    def add(self, name: str, shard: int, delta: int, key: str | None = None) -> bool:
-        return self.add_many(name, shard, [(delta, key)])[0]
-
-    def add_many(
-        self, name: str, shard: int, writes: Sequence[tuple[int, str | None]]
-    ) -> list[bool]:
-        if not sums_fit([delta for delta, _ in writes]):
-            raise InvalidDelta(f"{len(writes)} deltas could sum outside signed 64-bit")
-        keyed = [key for _, key in writes if key is not None]
-        if not keyed:
-            self._fast(self._add_params(name, shard, [delta for delta, _ in writes]))
-            return [True] * len(writes)
-
-        def work(conn: Connection) -> list[bool]:
-            created_at = time.time()
-            new = {
-                key
-                for key in dict.fromkeys(keyed)
-                if self.dialect.insert_ignore(
-                    conn, self.keys_table, {"name": name, "key": key, "created_at": created_at}
-                )
-            }
-            applied = []
-            for _, key in writes:
-                applied.append(key is None or key in new)
-                new.discard(key)  # a key repeated in ``writes`` applies once, first
-            deltas = [delta for (delta, _), ok in zip(writes, applied, strict=True) if ok]
-            if deltas:
-                conn.execute(self._upsert_add, self._add_params(name, shard, deltas))
-            return applied
-
-        return self.transaction(f"adding to counter {name!r}", work)
-
-    @staticmethod
-    def _add_params(name: str, shard: int, deltas: Sequence[int]) -> dict[str, Any]:
-        return {"p_name": name, "p_shard": shard, "p_value": sum(deltas)}
-
-    def _fast(self, params: Mapping[str, Any]) -> None:
+    def fast_add(self, params: Mapping[str, Any]) -> None:
         """Run the precompiled upsert on a held autocommit connection: one round trip."""
         try:
             conn = self._held.get_nowait()
@@ -630,163 +888,7 @@ class SqlStore:
         except SQLAlchemyError as exc:
             raise self._error(exc, "connecting") from exc
 
-    # -- reads -------------------------------------------------------------------------
-
-    def total(self, name: str) -> int:
-        return self.totals([name])[name]
-
-    def totals(self, names: Iterable[str]) -> dict[str, int]:
-        wanted = list(dict.fromkeys(names))
-        result = dict.fromkeys(wanted, 0)
-        if not wanted:
-            return result
-        shards, flushed = self.shards_table, self.flushed_table
-        high, low, scale = self.dialect.exact_sum(shards.c.value)
-        net_high, net_low, _ = self.dialect.exact_sum(flushed.c.up - flushed.c.down)
-        rows = self.read(
-            "reading counter values",
-            sa.union_all(
-                sa.select(shards.c.name, high, low)
-                .where(shards.c.name.in_(wanted))
-                .group_by(shards.c.name),
-                sa.select(flushed.c.name, net_high, net_low)
-                .where(flushed.c.name.in_(wanted))
-                .group_by(flushed.c.name),
-            ),
-        )
-        for name, high_sum, low_sum in rows:
-            result[name] += int(high_sum) * scale + int(low_sum)
-        return result
-
-    # -- buffered counters' generations ------------------------------------------------
-
-    def add_generation(self, name: str, generation: int) -> None:
-        row = {"name": name, "generation": generation, "up": 0, "down": 0}
-        self.transaction(
-            f"recording a generation of counter {name!r}",
-            lambda conn: self.dialect.insert_ignore(
-                conn, self.flushed_table, {**row, "created_at": time.time()}
-            ),
-        )
-
-    def generations(self, names: Iterable[str]) -> dict[str, dict[int, Flushed]]:
-        wanted = list(dict.fromkeys(names))
-        if not wanted:
-            return {}
-        table = self.flushed_table
-        rows = self.read(
-            "reading flushed generations",
-            sa.select(table.c.name, table.c.generation, table.c.up, table.c.down).where(
-                table.c.name.in_(wanted)
-            ),
-        )
-        result: dict[str, dict[int, Flushed]] = {}
-        for row in rows:
-            result.setdefault(row.name, {})[int(row.generation)] = Flushed(
-                int(row.up), int(row.down)
-            )
-        return result
-
-    def recorded_at(self, name: str, generations: Iterable[int]) -> dict[int, float]:
-        table = self.flushed_table
-        statement = sa.select(table.c.generation, table.c.created_at).where(
-            table.c.name == name, table.c.generation.in_(list(generations))
-        )
-        rows = self.read(f"reading the generations of counter {name!r}", statement)
-        return {int(row.generation): float(row.created_at) for row in rows}
-
-    def advance(self, name: str, generation: int, seen: Flushed, to: Flushed) -> bool:
-        table = self.flushed_table
-        statement = (
-            sa.update(table)
-            .where(
-                table.c.name == name,
-                table.c.generation == generation,
-                table.c.up == seen.up,
-                table.c.down == seen.down,
-            )
-            .values(up=to.up, down=to.down)
-        )
-        return self.transaction(
-            f"flushing counter {name!r}", lambda conn: conn.execute(statement).rowcount == 1
-        )
-
-    def retire(self, name: str, generation: int, applied: Flushed) -> bool:
-        table = self.flushed_table
-        statement = sa.delete(table).where(
-            table.c.name == name,
-            table.c.generation == generation,
-            table.c.up == applied.up,
-            table.c.down == applied.down,
-        )
-        folded = {
-            "p_name": name,
-            "p_generation": RETIRED,
-            "p_up": applied.up,
-            "p_down": applied.down,
-            "p_created_at": time.time(),
-        }
-
-        def work(conn: Connection) -> bool:
-            if conn.execute(statement).rowcount != 1:
-                return False
-            conn.execute(self._fold, folded)
-            return True
-
-        return self.transaction(f"retiring a generation of counter {name!r}", work)
-
-    # -- monotonic counters' maxima ----------------------------------------------------
-
-    def raise_max(self, name: str, shard: int, value: int) -> None:
-        params = {"p_name": name, "p_shard": shard, "p_value": value}
-        self.transaction(
-            f"persisting the maximum of counter {name!r}",
-            lambda conn: conn.execute(self._raise_max, params),
-        )
-
-    def maxima(self, names: Iterable[str]) -> dict[str, int]:
-        wanted = list(dict.fromkeys(names))
-        result = dict.fromkeys(wanted, 0)
-        if not wanted:
-            return result
-        table = self.maxima_table
-        rows = self.read(
-            "reading counter maxima",
-            sa.select(table.c.name, sa.func.max(table.c.value))
-            .where(table.c.name.in_(wanted))
-            .group_by(table.c.name),
-        )
-        result.update({name: int(value) for name, value in rows})
-        return result
-
-    # -- id allocators -----------------------------------------------------------------
-
-    def reserve(self, name: str, count: int) -> int:
-        table = self.shards_table
-        params = {"p_name": name, "p_shard": 0, "p_value": count}
-        if self.dialect.is_mysql:  # no RETURNING: read the row back under the upsert's lock
-            mark = sa.select(table.c.value).where(table.c.name == name, table.c.shard == 0)
-
-            def work(conn: Connection) -> int:
-                conn.execute(self._upsert_add, params)
-                return int(conn.execute(mark).scalar_one())
-
-        else:
-            returning = self._upsert_add.returning(table.c.value)
-
-            def work(conn: Connection) -> int:
-                return int(conn.execute(returning, params).scalar_one())
-
-        return self.transaction(f"reserving ids of {name!r}", work)
-
-    # -- maintenance -------------------------------------------------------------------
-
-    def purge_keys(self, older_than: float) -> int:
-        table = self.keys_table
-        statement = sa.delete(table).where(table.c.created_at < older_than)
-        return self.transaction(
-            "purging idempotency keys", lambda conn: int(conn.execute(statement).rowcount)
-        )
+    # -- connections -------------------------------------------------------------------
 
     def _drop_held(self) -> None:
         """Invalidate and let go of the held connections (they died with the server)."""
@@ -862,4 +964,11 @@ def engine_from_url(url: str, *, pool_size: int | None = None) -> Engine:
     return engine
 
 
-__all__ = ["SqlStore", "engine_from_url", "unprepare_behind_pooler", "watch_for_poolers"]
+__all__ = [
+    "Sql",
+    "SqlCore",
+    "SqlStore",
+    "engine_from_url",
+    "unprepare_behind_pooler",
+    "watch_for_poolers",
+]

@@ -31,6 +31,7 @@ from django.db.models.expressions import CombinedExpression, Value
 from django.db.models.lookups import Exact
 from django.db.models.query import ModelIterable
 
+from shardkit._program import run
 from shardkit.counters import BufferedCounter, ShardedCounter
 from shardkit.counters.sharded import take_ticket
 from shardkit.errors import ValidationError
@@ -411,7 +412,8 @@ def _home_shard(the_kit: Kit, shards: int) -> int:
     and process, so that concurrent writers of one hot object write different rows."""
     pid, ticket = getattr(_tickets, "ticket", (None, 0))
     if pid != os.getpid():
-        ticket = take_ticket(the_kit.settings, the_kit.settings.cache_key("django", "ticket"))
+        settings = the_kit.settings
+        ticket = run(take_ticket(settings, settings.cache_key("django", "ticket")), settings.roles)
         _tickets.ticket = (os.getpid(), ticket)
     return int(ticket) % shards
 

@@ -155,7 +155,7 @@ class DjangoStore(SqlStore):
         Django's connection, AUTOCOMMIT is a flag of the stand-in, free to set)."""
         return super().read(action, statement, autocommit=True)
 
-    def _fast(self, params: Mapping[str, Any]) -> None:
+    def fast_add(self, params: Mapping[str, Any]) -> None:
         try:
             with connections[self.alias].cursor() as cursor:
                 cursor.execute(self._add_sql, params)

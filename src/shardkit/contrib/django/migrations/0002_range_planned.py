@@ -10,7 +10,8 @@ from shardkit.contrib.django.conf import migration_store
 
 
 def add_columns(apps: Any, schema_editor: Any) -> None:
-    migration_store(schema_editor).add_missing_columns()
+    store = migration_store(schema_editor)
+    store.transaction("adding missing columns", store.add_missing_columns)
 
 
 class Migration(migrations.Migration):
