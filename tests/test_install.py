@@ -140,6 +140,29 @@ def test_each_driver_extra_alone_runs_the_readme_counters(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("extras", "store", "cache"),
+    [
+        ("aio", "sqlite", "memory"),
+        ("aio,postgres,redis", "postgres", "redis"),
+        ("aio,mysql", "mysql", "memory"),
+    ],
+)
+def test_the_aio_extra_runs_the_readme_async_example(
+    extras: str, store: str, cache: str, venv: Venv, sqlite_url: str
+) -> None:
+    store_url = store_url_for(store, sqlite_url)
+    cache_url = CACHE_URLS[cache]
+    if cache != "memory":
+        require(cache_url)
+    counted = run_json(
+        venv(extras), "counting_async.py", store_url, cache_url, PREFIX, cwd=EXAMPLES
+    )
+    assert list(counted.pop("values").values()) == [15]
+    assert counted == {"value": 15, "fresh": 15, "repeated": False, "together": 10, "shards": 32}
+
+
+@pytest.mark.slow
 def test_the_django_extra_alone_migrates_and_counts_updates(venv: Venv, tmp_path: Path) -> None:
     site, django = project("django_project", tmp_path), venv("django")
     python = str(django / "bin" / "python")

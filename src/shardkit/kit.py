@@ -8,11 +8,12 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import QueuePool
 
+from shardkit._program import Program, blocking, call, run
 from shardkit.cache import Cache, open_cache
 from shardkit.counters import (
     BufferedCounter,
@@ -21,8 +22,10 @@ from shardkit.counters import (
     MonotonicCounter,
     ShardedCounter,
 )
-from shardkit.counters.base import log
+from shardkit.counters.adjuster import Adjuster
+from shardkit.counters.base import Options, best_effort, log
 from shardkit.counters.buffered import Parts, flush_counters, read_parts
+from shardkit.counters.sharded import ShardedCore
 from shardkit.errors import ConfigurationError, CounterKindMismatch, CounterNotFound, ShardkitError
 from shardkit.executor import Executor, LocalExecutor, Marks
 from shardkit.mapper import Batch, Completion, Job, JobStatus, Mapper, MapSpec, Signer
@@ -50,10 +53,106 @@ DEFAULT_INTERVAL = 5.0
 _OPEN_COUNTERS = 4096
 
 Counter = ShardedCounter | BufferedCounter | MonotonicCounter | IdAllocator
-_C = TypeVar("_C", ShardedCounter, BufferedCounter, MonotonicCounter, IdAllocator)
 
 
-class Kit:
+class _Named(Protocol):
+    name: str
+    kind: str
+
+
+_K = TypeVar("_K", bound=_Named)  # the counters a kit keeps open
+_C = TypeVar("_C", bound=_Named)
+_S = TypeVar("_S", bound=ShardedCore)
+
+
+class KitCore(Generic[_K]):
+    """What the sync and async kits share: the counters opened lately, and the rules of
+    opening and reading counters (programs on the roles ``Store``, ``Cache`` and
+    ``Adjuster``)."""
+
+    roles: Mapping[str, Any]
+
+    def __init__(self, options: Options) -> None:
+        self._options = options
+        self._lock = threading.Lock()
+        # The counters opened lately, so that opening one again costs no round trip;
+        # bounded, since applications open a counter per entity (poll, video, …).
+        self._counters: OrderedDict[str, _K] = OrderedDict()
+
+    def _opened(self, name: str, kind: type[_C]) -> _C | None:
+        with self._lock:
+            counter = self._counters.get(name)
+            if counter is not None:
+                self._counters.move_to_end(name)
+        if counter is None or isinstance(counter, kind):
+            return counter
+        raise CounterKindMismatch(
+            f"{name!r} is a {counter.kind} counter, not a {kind.kind} counter"
+        )
+
+    def _keep(self, counter: _C) -> _C:
+        with self._lock:
+            self._counters[counter.name] = counter  # type: ignore[assignment]  # a _K
+            self._counters.move_to_end(counter.name)
+            if len(self._counters) > _OPEN_COUNTERS:
+                self._counters.popitem(last=False)
+        return counter
+
+    def _open_sharded(
+        self, name: str, shards: int | None, kind: type[_S], new: Callable[[CounterInfo], _S]
+    ) -> Program[_S]:
+        """The sharded counter ``name`` (of class ``kind``, made by ``new``), created on
+        first use with ``shards`` shards (default 20). An existing counter is grown to
+        ``shards`` when that is larger and otherwise kept as it is, so every process may
+        open it with its own default."""
+        check_name(name)
+        if shards is not None:
+            check_shards(shards, self._options.max_shards)
+        counter = self._opened(name, kind)
+        if counter is not None and (shards is None or shards <= counter._shards):
+            return counter
+        info = yield from call(
+            Store.open_counter,
+            name,
+            ShardedCore.kind,
+            shards or DEFAULT_SHARDS,
+            grow=shards is not None,
+        )
+        return self._keep(new(info))
+
+    def _values(self, names: Iterable[str], *, fresh: bool = False) -> Program[dict[str, int]]:
+        """Values of many counters: one cache round trip for the cached ones and one
+        store query for the rest (all of them when ``fresh``). Unknown names read 0.
+
+        The store's values: a sharded counter's value, a buffered counter's stored part,
+        an id allocator's high-water mark. A monotonic counter's value lives in the
+        cache: read it with ``kit.monotonic(name).value()``."""
+        wanted = [check_name(name) for name in names]
+        options = self._options
+        keys = {options.cache_key(name, "sharded:value"): name for name in wanted}
+        found: dict[str, int] = {}
+        if not fresh:
+            yield from call(Adjuster.sync)  # this process's own writes are in what it reads
+            try:
+                cached = yield from call(Cache.get_many, list(keys))
+            except ShardkitError:
+                cached = {}
+            found = {keys[key]: value for key, value in cached.items()}
+        missing = [name for name in wanted if name not in found]
+        totals = yield from call(Store.totals, missing)
+        if not fresh:
+            yield from best_effort(options, "caching values", self._cache_values(totals))
+        found.update(totals)
+        return {name: found[name] for name in wanted}
+
+    def _cache_values(self, totals: dict[str, int]) -> Program[None]:
+        options = self._options
+        for name, total in totals.items():
+            key = options.cache_key(name, "sharded:value")
+            yield from call(Cache.add, key, total, options.cache_ttl)
+
+
+class Kit(KitCore[Counter]):
     """A store, a cache and an executor, and the counters that live in them.
 
     Thread-safe. A kit opened before ``os.fork()`` keeps working in the children: no
@@ -63,14 +162,12 @@ class Kit:
     def __init__(
         self, settings: CounterSettings, executor: Executor, secret: str | bytes | None = None
     ) -> None:
+        super().__init__(settings)
         self._settings = settings
+        self.roles = settings.roles
         self.executor = executor
         self._signer = Signer(secret) if secret else None
         self._mapper: Mapper | None = None
-        self._lock = threading.Lock()
-        # The counters opened lately, so that opening one again costs no round trip;
-        # bounded, since applications open a counter per entity (poll, video, …).
-        self._counters: OrderedDict[str, Counter] = OrderedDict()
         executor.bind(self._tasks(), Marks(settings.cache, lambda n: settings.cache_key(n, "task")))
 
     def _tasks(self) -> Mapping[str, Any]:
@@ -148,16 +245,10 @@ class Kit:
         """The sharded counter ``name``, created on first use with ``shards`` shards
         (default 20). An existing counter is grown to ``shards`` when that is larger and
         otherwise kept as it is, so every process may open it with its own default."""
-        check_name(name)
-        if shards is not None:
-            check_shards(shards, self._settings.max_shards)
-        counter = self._opened(name, ShardedCounter)
-        if counter is not None and (shards is None or shards <= counter._shards):
-            return counter
-        info = self.store.open_counter(
-            name, ShardedCounter.kind, shards or DEFAULT_SHARDS, grow=shards is not None
+        opening = self._open_sharded(
+            name, shards, ShardedCounter, lambda info: ShardedCounter(info, self._settings)
         )
-        return self._keep(ShardedCounter(info, self._settings))
+        return run(opening, self.roles)
 
     def buffered(self, name: str, interval: float = DEFAULT_INTERVAL) -> BufferedCounter:
         """The buffered (write-behind) counter ``name``, created on first use, whose
@@ -213,25 +304,6 @@ class Kit:
         info = self.store.open_counter(name, IdAllocator.kind, 1, grow=False)
         return self._keep(IdAllocator(info, self._settings, block))
 
-    def _opened(self, name: str, kind: type[_C]) -> _C | None:
-        with self._lock:
-            counter = self._counters.get(name)
-            if counter is not None:
-                self._counters.move_to_end(name)
-        if counter is None or isinstance(counter, kind):
-            return counter
-        raise CounterKindMismatch(
-            f"{name!r} is a {counter.kind} counter, not a {kind.kind} counter"
-        )
-
-    def _keep(self, counter: _C) -> _C:
-        with self._lock:
-            self._counters[counter.name] = counter
-            self._counters.move_to_end(counter.name)
-            if len(self._counters) > _OPEN_COUNTERS:
-                self._counters.popitem(last=False)
-        return counter
-
     def get(self, name: str) -> Counter:
         """The existing counter ``name``, of whatever kind it is; raises
         ``CounterNotFound`` if there is none."""
@@ -267,40 +339,13 @@ class Kit:
         """Every counter in the store, ordered by name."""
         return self.store.counters()
 
-    def values(self, names: Iterable[str], *, fresh: bool = False) -> dict[str, int]:
-        """Values of many counters: one cache round trip for the cached ones and one
-        store query for the rest (all of them when ``fresh``). Unknown names read 0.
-
-        The store's values: a sharded counter's value, a buffered counter's stored part,
-        an id allocator's high-water mark. A monotonic counter's value lives in the
-        cache: read it with ``kit.monotonic(name).value()``."""
-        wanted = [check_name(name) for name in names]
-        settings = self._settings
-        keys = {settings.cache_key(name, "sharded:value"): name for name in wanted}
-        found: dict[str, int] = {}
-        if not fresh:
-            settings.adjuster.sync()  # this process's own writes are in what it reads
-            try:
-                found = {keys[k]: v for k, v in self.cache.get_many(list(keys)).items()}
-            except ShardkitError:
-                found = {}
-        missing = [name for name in wanted if name not in found]
-        totals = self.store.totals(missing)
-        if not fresh:
-            settings.best_effort("caching values", lambda: self._cache_values(totals))
-        found.update(totals)
-        return {name: found[name] for name in wanted}
+    values = blocking(KitCore._values)
 
     def parts(self, names: Iterable[str]) -> dict[str, Parts]:
         """The stored and pending parts of many buffered counters (``Parts.total`` is each
         one's exact value now): one store read and one cache read for all of them.
         Unknown names read ``Parts(0, 0)``."""
         return read_parts(self._settings, [check_name(name) for name in names])
-
-    def _cache_values(self, totals: dict[str, int]) -> None:
-        settings = self._settings
-        for name, total in totals.items():
-            self.cache.add(settings.cache_key(name, "sharded:value"), total, settings.cache_ttl)
 
     def map(
         self,

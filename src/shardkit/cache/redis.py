@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from shardkit import _urls
+from shardkit._program import Call, Program, awaitable, blocking, call
 from shardkit.cache.base import read_number
 from shardkit.errors import BackendError, BackendUnavailable, ConfigurationError, MissingDriver
 
@@ -41,15 +43,39 @@ def _redis_module() -> Any:
     return redis
 
 
-class RedisCache:
-    """Redis as the shared cache. Every call is one round trip; ``incr`` is a Lua script.
+class Client(Protocol):
+    """The role of the redis-py client (``redis.Redis`` or ``redis.asyncio.Redis``) in
+    the cache's programs: the commands they send."""
 
-    Thread-safe and fork-safe (redis-py's connection pool reconnects in a child).
-    """
+    def get(self, name: str) -> Any: ...
+    def mget(self, keys: list[str]) -> Any: ...
+    def set(self, name: str, value: int, *, nx: bool, px: int | None) -> Any: ...
+    def incrby(self, name: str, amount: int) -> Any: ...
+    def delete(self, name: str) -> Any: ...
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any: ...
+    def script_load(self, script: str) -> Any: ...
+
+
+class _Script:
+    """A Lua script, run by its digest (loaded into the server the first time it is
+    missing there)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+
+_INCR = _Script(_INCR_IF_EXISTS)
+_INCR_MANY = _Script(_INCR_MANY_IF_EXIST)
+
+
+class RedisCore:
+    """What the sync and async Redis caches share: ``Cache``'s methods, as programs run
+    on the role ``Client``."""
 
     shared = True
 
-    def __init__(self, client: Any, *, url: str | None = None, owns_client: bool = False):
+    def __init__(self, client: Any, *, url: str | None, owns_client: bool) -> None:
         self._client = client
         self._owns_client = owns_client
         self._redis = _redis_module()
@@ -63,23 +89,12 @@ class RedisCache:
             )
         )
         self._password = urlsplit(url).password if url else kwargs.get("password")
-        self._incr = client.register_script(_INCR_IF_EXISTS)
-        self._incr_many = client.register_script(_INCR_MANY_IF_EXIST)
+        self.roles = {"Client": client}
 
-    @classmethod
-    def from_url(cls, url: str) -> RedisCache:
-        _urls.split(url, "cache")
-        redis = _redis_module()
+    def _command(self, action: str, step: Iterable[Call[Any]]) -> Program[Any]:
+        """Carry out ``step``, its Redis errors turned into ``BackendError``s."""
         try:
-            client = redis.Redis.from_url(url, socket_connect_timeout=5)
-        except (ValueError, TypeError) as exc:
-            detail = _urls.scrub(str(exc), urlsplit(url).password)
-            raise ConfigurationError(f"bad cache URL {_urls.redact(url)!r}: {detail}") from None
-        return cls(client, url=url, owns_client=True)
-
-    def _call(self, action: str, method: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(*args, **kwargs)
+            return (yield from step)
         except self._redis.ConnectionError as exc:
             detail = _urls.scrub(str(exc), self._password)
             raise BackendUnavailable(f"cannot reach the cache at {self.url}: {detail}") from exc
@@ -87,41 +102,108 @@ class RedisCache:
             detail = _urls.scrub(str(exc), self._password)
             raise BackendError(f"cache {self.url} failed while {action}: {detail}") from exc
 
-    def get(self, key: str) -> int | None:
-        value = self._call("reading", self._client.get, key)
+    def _script(self, script: _Script, keys: list[str], args: list[int]) -> Program[Any]:
+        words = [*keys, *args]
+        try:
+            return (yield from call(Client.evalsha, script.sha, len(keys), *words))
+        except self._redis.exceptions.NoScriptError:  # a new (or flushed) server
+            yield from call(Client.script_load, script.source)
+            return (yield from call(Client.evalsha, script.sha, len(keys), *words))
+
+    def _get(self, key: str) -> Program[int | None]:
+        value = yield from self._command("reading", call(Client.get, key))
         return None if value is None else read_number(self.url, value)
 
-    def get_many(self, keys: Iterable[str]) -> dict[str, int]:
+    def _get_many(self, keys: Iterable[str]) -> Program[dict[str, int]]:
         wanted = list(keys)
         if not wanted:
             return {}
-        values = self._call("reading", self._client.mget, wanted)
+        values = yield from self._command("reading", call(Client.mget, wanted))
         return {
             key: read_number(self.url, value)
             for key, value in zip(wanted, values, strict=True)
             if value is not None
         }
 
-    def add(self, key: str, value: int, ttl: float | None) -> bool:
+    def _add(self, key: str, value: int, ttl: float | None) -> Program[bool]:
         millis = None if ttl is None else max(1, math.ceil(ttl * 1000))
-        return bool(self._call("adding", self._client.set, key, value, nx=True, px=millis))
+        added = yield from self._command("adding", call(Client.set, key, value, nx=True, px=millis))
+        return bool(added)
 
-    def incr(self, key: str, delta: int) -> int | None:
-        value = self._call("incrementing", self._incr, keys=[key], args=[delta])
+    def _incr(self, key: str, delta: int) -> Program[int | None]:
+        value = yield from self._command("incrementing", self._script(_INCR, [key], [delta]))
         return None if value is None else int(value)
 
-    def incr_many(self, deltas: Mapping[str, int]) -> None:
+    def _incr_many(self, deltas: Mapping[str, int]) -> Program[None]:
         if deltas:
-            self._call(
-                "incrementing", self._incr_many, keys=list(deltas), args=list(deltas.values())
-            )
+            script = self._script(_INCR_MANY, list(deltas), list(deltas.values()))
+            yield from self._command("incrementing", script)
 
-    def bump(self, key: str, delta: int) -> int:
-        return int(self._call("incrementing", self._client.incrby, key, delta))
+    def _bump(self, key: str, delta: int) -> Program[int]:
+        return int((yield from self._command("incrementing", call(Client.incrby, key, delta))))
 
-    def delete(self, key: str) -> None:
-        self._call("deleting", self._client.delete, key)
+    def _delete(self, key: str) -> Program[None]:
+        yield from self._command("deleting", call(Client.delete, key))
+
+
+class RedisCache(RedisCore):
+    """Redis as the shared cache. Every call is one round trip; ``incr`` is a Lua script.
+
+    Thread-safe and fork-safe (redis-py's connection pool reconnects in a child).
+    """
+
+    def __init__(self, client: Any, *, url: str | None = None, owns_client: bool = False):
+        super().__init__(client, url=url, owns_client=owns_client)
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisCache:
+        return cls(_client(_redis_module().Redis, url), url=url, owns_client=True)
+
+    get = blocking(RedisCore._get)
+    get_many = blocking(RedisCore._get_many)
+    add = blocking(RedisCore._add)
+    incr = blocking(RedisCore._incr)
+    incr_many = blocking(RedisCore._incr_many)
+    bump = blocking(RedisCore._bump)
+    delete = blocking(RedisCore._delete)
 
     def close(self) -> None:
         if self._owns_client:
             self._client.close()
+
+
+class AsyncRedisCache(RedisCore):
+    """Redis as the shared cache of an async kit (``redis.asyncio``): ``RedisCache``'s
+    methods, awaited, on the same keys."""
+
+    def __init__(self, client: Any, *, url: str | None = None, owns_client: bool = False):
+        super().__init__(client, url=url, owns_client=owns_client)
+
+    @classmethod
+    def from_url(cls, url: str) -> AsyncRedisCache:
+        _redis_module()
+        import redis.asyncio
+
+        return cls(_client(redis.asyncio.Redis, url), url=url, owns_client=True)
+
+    get = awaitable(RedisCore._get)
+    get_many = awaitable(RedisCore._get_many)
+    add = awaitable(RedisCore._add)
+    incr = awaitable(RedisCore._incr)
+    incr_many = awaitable(RedisCore._incr_many)
+    bump = awaitable(RedisCore._bump)
+    delete = awaitable(RedisCore._delete)
+
+    async def close(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+
+def _client(kind: Any, url: str) -> Any:
+    """A client of class ``kind`` (sync or asyncio) for a cache URL."""
+    _urls.split(url, "cache")
+    try:
+        return kind.from_url(url, socket_connect_timeout=5)
+    except (ValueError, TypeError) as exc:
+        detail = _urls.scrub(str(exc), urlsplit(url).password)
+        raise ConfigurationError(f"bad cache URL {_urls.redact(url)!r}: {detail}") from None

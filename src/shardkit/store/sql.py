@@ -10,6 +10,7 @@ almost no client CPU. Dialect differences live in ``_Dialect`` and nowhere else.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import queue
 import random
 import re
@@ -439,6 +440,19 @@ class SqlCore:
             return BackendUnavailable(f"cannot reach the store at {self.url}: {detail}")
         return BackendError(f"store {self.url} failed while {action}: {detail}")
 
+    def _pause_before_retry(self, exc: SQLAlchemyError, action: str, attempt: int) -> float:
+        """How long to wait before running a transaction again, after its ``attempt``
+        (from 0) failed with ``exc``: only a deadlock victim is run again, a few times
+        (its effects were rolled back whole); any other failure raises its
+        ``ShardkitError``."""
+        if (
+            isinstance(exc, DBAPIError)
+            and self.dialect.is_deadlock(exc)
+            and attempt < _DEADLOCK_RETRIES
+        ):
+            return random.uniform(0, 0.01 * 2**attempt)  # let the winner finish
+        raise self._error(exc, action) from exc
+
     def _drop_held(self) -> None:
         """Let go of connections held for fast writes (they died with the server)."""
 
@@ -820,16 +834,12 @@ class SqlStore(SqlCore):
     def transaction(self, action: str, work: Callable[[Connection], _T]) -> _T:
         """Run ``work`` in one transaction, again if the database chose it as a deadlock
         victim (its effects were rolled back whole, so running it again is safe)."""
-        for attempt in range(_DEADLOCK_RETRIES + 1):
+        for attempt in itertools.count():
             try:
                 with self.engine.begin() as conn:
                     return work(conn)
-            except DBAPIError as exc:
-                if attempt == _DEADLOCK_RETRIES or not self.dialect.is_deadlock(exc):
-                    raise self._error(exc, action) from exc
-                time.sleep(random.uniform(0, 0.01 * 2**attempt))  # let the winner finish
             except SQLAlchemyError as exc:
-                raise self._error(exc, action) from exc
+                time.sleep(self._pause_before_retry(exc, action, attempt))
         raise AssertionError("unreachable")
 
     def read(self, action: str, statement: sa.Executable, *, autocommit: bool = False) -> list[Any]:
@@ -920,14 +930,29 @@ def engine_from_url(url: str, *, pool_size: int | None = None) -> Engine:
 
     Raises ``MissingDriver`` naming the extra to install, or ``ConfigurationError``.
     """
+    engine: Engine = make_engine(url, sa.create_engine, _DRIVERS, pool_size=pool_size)
+    watch_for_poolers(engine)
+    return engine
+
+
+def make_engine(
+    url: str,
+    create: Callable[..., _T],
+    drivers: Mapping[str, tuple[str, str | None]],
+    *,
+    pool_size: int | None,
+) -> _T:
+    """``create(url, **options)`` for a store URL, the driver chosen from ``drivers``
+    (URL scheme -> SQLAlchemy's dialect+driver, and the extra that installs it) when the
+    URL names none. Raises ``MissingDriver`` or ``ConfigurationError``."""
     scheme_part, sep, rest = url.partition("://")
     if not sep:
         raise ConfigurationError(f"not a store URL: {_urls.redact(url)!r}")
     _urls.split(url, "store")
     base = scheme_part.split("+", 1)[0].lower()
-    if base not in _DRIVERS:
+    if base not in drivers:
         raise ConfigurationError(f"unknown store URL scheme in {_urls.redact(url)!r}")
-    driver, extra = _DRIVERS[base]
+    driver, extra = drivers[base]
     if "+" not in scheme_part:
         url = f"{driver}://{rest}"
     options: dict[str, Any] = {}
@@ -948,7 +973,7 @@ def engine_from_url(url: str, *, pool_size: int | None = None) -> Engine:
     if pool_size is not None:
         options["pool_size"] = pool_size
     try:
-        engine = sa.create_engine(url, **options)
+        return create(url, **options)
     except (ImportError, NoSuchModuleError) as exc:
         if extra is None or (isinstance(exc, NoSuchModuleError) and "+" in scheme_part):
             raise ConfigurationError(
@@ -960,8 +985,6 @@ def engine_from_url(url: str, *, pool_size: int | None = None) -> Engine:
     except (ArgumentError, ValueError, TypeError) as exc:
         detail = _urls.scrub(str(exc), parsed.password)
         raise ConfigurationError(f"bad store URL {_urls.redact(url)!r}: {detail}") from None
-    watch_for_poolers(engine)
-    return engine
 
 
 __all__ = [
@@ -969,6 +992,7 @@ __all__ = [
     "SqlCore",
     "SqlStore",
     "engine_from_url",
+    "make_engine",
     "unprepare_behind_pooler",
     "watch_for_poolers",
 ]

@@ -1,0 +1,231 @@
+"""shardkit for asyncio: the same counters, awaited, on the same tables and keys.
+
+::
+
+    import shardkit.aio
+
+    async with shardkit.aio.connect(store="postgresql://…", cache="redis://…") as kit:
+        views = await kit.sharded("views:home", shards=32)
+        await views.incr()
+        await views.value()
+
+The rules are the sync kit's own (each counter's logic is written once, as programs that
+both kits run: see ``shardkit._program``), so a sync and an async process count into the
+same counters exactly. Concurrent coroutines writing one counter share statements, as
+threads do in the sync kit. A kit belongs to the event loop it was opened on.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardkit._combine import AsyncCombiner
+from shardkit._program import arun, awaitable
+from shardkit.aio.store import AsyncSqlStore, async_engine_from_url
+from shardkit.cache.memory import MemoryCache
+from shardkit.counters.adjuster import AsyncAdjuster
+from shardkit.counters.base import Options
+from shardkit.counters.sharded import ShardedCore, Write
+from shardkit.errors import ConfigurationError, ShardkitError
+from shardkit.kit import DEFAULT_CACHE, DEFAULT_STORE, KitCore
+from shardkit.store.base import CounterInfo
+from shardkit.validation import check_kit_options
+
+
+@dataclass(frozen=True, kw_only=True)
+class AsyncSettings(Options):
+    """The backends and settings an async kit hands each of its counters."""
+
+    store: AsyncSqlStore
+    cache: Any  # an AsyncRedisCache, or the in-process MemoryCache (it never blocks)
+    identity: str
+    """The store's identity (see ``Store.identity``), read when the kit was opened."""
+    adjuster: AsyncAdjuster = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        adjuster = AsyncAdjuster(self.cache, self.failures, self.adjust_delay)
+        object.__setattr__(self, "adjuster", adjuster)  # frozen, but built from the rest
+
+    @property
+    def namespace(self) -> str:
+        return f"shardkit:{self.identity}:"
+
+    @property
+    def roles(self) -> dict[str, object]:
+        """The backends, by the role each plays in the counters' programs."""
+        return {"Store": self.store, "Cache": self.cache, "Adjuster": self.adjuster}
+
+
+class AsyncShardedCounter(ShardedCore):
+    """``shardkit.ShardedCounter``, awaited: the same guarantees, on the same rows.
+
+    Concurrent increments from coroutines of the kit's event loop are combined: one
+    statement (one transaction, with idempotency keys) carries them, and each call
+    returns once that has committed. A cancelled (or timed out) call applied or not,
+    never half: cancelled while queued, it is not written; cancelled while its batch is
+    being written, the write finishes and applies it with the rest (retry it with the
+    same ``key`` to make that safe).
+    """
+
+    def __init__(self, info: CounterInfo, settings: AsyncSettings) -> None:
+        # One batch at a time is written, by the combiner's task: one ticket a process.
+        super().__init__(info, settings, types.SimpleNamespace())
+        self.roles = {**settings.roles, "Writes": AsyncCombiner(self._write_now)}
+
+    async def _write_now(self, writes: Sequence[Write]) -> list[bool | ShardkitError]:
+        return await arun(self._write(writes), self.roles)
+
+    incr = awaitable(ShardedCore._incr)
+    decr = awaitable(ShardedCore._decr)
+    grow = awaitable(ShardedCore._grow)
+    value = awaitable(ShardedCore._value)
+    shards = awaitable(ShardedCore._refresh_shards)
+
+
+class AsyncKit(KitCore[AsyncShardedCounter]):
+    """An async store and cache, and the counters that live in them. Use it as an async
+    context manager, or ``await kit.aclose()``."""
+
+    def __init__(self, settings: AsyncSettings) -> None:
+        super().__init__(settings)
+        self._settings = settings
+        self.roles = settings.roles
+
+    @property
+    def settings(self) -> AsyncSettings:
+        return self._settings
+
+    @property
+    def store(self) -> AsyncSqlStore:
+        return self._settings.store
+
+    @property
+    def cache(self) -> Any:
+        return self._settings.cache
+
+    def __repr__(self) -> str:
+        return f"<AsyncKit store={self.store.url} cache={self.cache.url}>"
+
+    async def __aenter__(self) -> AsyncKit:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Send the adjustments of cached values still gathering; then close the
+        connections the kit opened."""
+        await self._settings.adjuster.close()
+        await self.store.close()
+        closing = self.cache.close()
+        if isinstance(closing, Awaitable):
+            await closing
+
+    async def sharded(self, name: str, shards: int | None = None) -> AsyncShardedCounter:
+        """The sharded counter ``name``: see ``Kit.sharded``."""
+        opening = self._open_sharded(
+            name,
+            shards,
+            AsyncShardedCounter,
+            lambda info: AsyncShardedCounter(info, self._settings),
+        )
+        return await arun(opening, self.roles)
+
+    values = awaitable(KitCore._values)
+
+
+class _Connecting:
+    """What ``connect`` returns: await it for the kit, or use it as ``async with``."""
+
+    def __init__(self, opening: Callable[[], Awaitable[AsyncKit]]) -> None:
+        self._opening = opening
+        self._kit: AsyncKit | None = None
+
+    def __await__(self) -> Generator[Any, None, AsyncKit]:
+        return self._opening().__await__()
+
+    async def __aenter__(self) -> AsyncKit:
+        self._kit = await self._opening()
+        return self._kit
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._kit is not None:
+            await self._kit.aclose()
+
+
+def connect(
+    store: str | None = None,
+    cache: str | Any | None = None,
+    *,
+    prefix: str = "shardkit_",
+    cache_ttl: float = 5.0,
+    max_shards: int = 1000,
+    key_retention: float = 86400.0,
+    adjust_delay: float = 0.02,
+) -> _Connecting:
+    """Open an async kit: ``shardkit.connect``'s store and cache URLs and options (a
+    store URL, default ``$SHARDKIT_STORE`` or ``sqlite:///shardkit.db``; a cache URL —
+    ``memory://`` or ``redis://…`` — or a live ``redis.asyncio.Redis``, default
+    ``$SHARDKIT_CACHE`` or ``memory://``). Tables are created if missing; both backends
+    are reached before the kit is returned. ``await`` it, or ``async with`` it (closed on
+    leaving)."""
+    check_kit_options(prefix, cache_ttl, max_shards, key_retention, adjust_delay)
+    options = {
+        "cache_ttl": cache_ttl,
+        "max_shards": max_shards,
+        "key_retention": key_retention,
+        "adjust_delay": float(adjust_delay),
+    }
+    store_url = store or os.environ.get("SHARDKIT_STORE") or DEFAULT_STORE
+    cache_target = cache or os.environ.get("SHARDKIT_CACHE") or DEFAULT_CACHE
+    return _Connecting(lambda: _open(store_url, cache_target, prefix, options))
+
+
+async def _open(store_url: str, cache: Any, prefix: str, options: dict[str, Any]) -> AsyncKit:
+    the_store = AsyncSqlStore(async_engine_from_url(store_url), prefix=prefix, owns_engine=True)
+    the_cache: Any = None
+    try:
+        await the_store.create_schema()
+        identity = await the_store.identity()
+        the_cache = _open_cache(cache)
+        found = the_cache.get(f"shardkit:{identity}:ping")
+        if isinstance(found, Awaitable):
+            await found
+    except BaseException:
+        await the_store.close()
+        if the_cache is not None and not isinstance(the_cache, MemoryCache):
+            await the_cache.close()
+        raise
+    settings = AsyncSettings(store=the_store, cache=the_cache, identity=identity, **options)
+    return AsyncKit(settings)
+
+
+def _open_cache(target: Any) -> Any:
+    """An async kit's cache for a URL or a live ``redis.asyncio`` client."""
+    from shardkit import _urls
+
+    if isinstance(target, str):
+        scheme = _urls.scheme(target)
+        if scheme == "memory":
+            return MemoryCache()
+        if scheme in ("redis", "rediss", "unix"):
+            from shardkit.cache.redis import AsyncRedisCache
+
+            return AsyncRedisCache.from_url(target)
+        raise ConfigurationError(
+            f"an async kit's cache is memory:// or redis://, not {_urls.redact(target)!r}"
+        )
+    if type(target).__module__.startswith("redis.asyncio"):
+        from shardkit.cache.redis import AsyncRedisCache
+
+        return AsyncRedisCache(target)
+    raise ConfigurationError(
+        f"an async kit's cache is a URL or a redis.asyncio client, not {type(target).__name__}"
+    )
+
+
+__all__ = ["AsyncKit", "AsyncSettings", "AsyncShardedCounter", "connect"]

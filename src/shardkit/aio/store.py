@@ -1,0 +1,142 @@
+"""The SQL store of an async kit: ``SqlCore``'s rules on SQLAlchemy's asyncio engine.
+
+The tables, statements and rules are the sync store's (``shardkit.store.sql``): sync and
+async processes count into the same rows. Transactions run the same code as the sync
+store's, on the async connection's sync facade (``AsyncConnection.run_sync``): each
+statement awaits the driver (psycopg's async connection, aiosqlite, asyncmy) without
+blocking the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import itertools
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from shardkit import _urls
+from shardkit._program import awaitable
+from shardkit.errors import ConfigurationError, MissingDriver
+from shardkit.store.sql import SqlCore, make_engine
+
+_T = TypeVar("_T")
+
+# The sync kit's drivers, which a store URL may name: the async kit takes its own.
+_BLOCKING_DRIVERS = {"pymysql", "mysqldb", "pysqlite", "psycopg2"}
+# URL scheme -> (the asyncio driver SQLAlchemy should use, the extra that installs it).
+_DRIVERS = {
+    "sqlite": ("sqlite+aiosqlite", "aio"),
+    "postgresql": ("postgresql+psycopg", "postgres"),
+    "postgres": ("postgresql+psycopg", "postgres"),
+    "mysql": ("mysql+asyncmy", "mysql"),
+    "mariadb": ("mariadb+asyncmy", "mysql"),
+}
+
+
+class AsyncSqlStore(SqlCore):
+    """``Store``'s methods, awaited, on an ``AsyncEngine``.
+
+    Belongs to the event loop it is used on. A cancelled call either committed or rolled
+    back: SQLAlchemy rolls back (or discards) a connection whose statement was
+    interrupted, and the pool gets it back either way.
+    """
+
+    def __init__(
+        self, engine: AsyncEngine, *, prefix: str = "shardkit_", owns_engine: bool = False
+    ) -> None:
+        super().__init__(engine.dialect, engine.url, prefix=prefix)
+        self.engine = engine
+        self._owns_engine = owns_engine
+
+    create_schema = awaitable(SqlCore._create_schema)
+    identity = awaitable(SqlCore._identity_of_store)
+    open_counter = awaitable(SqlCore._open_counter)
+    counter = awaitable(SqlCore._counter)
+    counters = awaitable(SqlCore._counters)
+    add = awaitable(SqlCore._add)
+    add_many = awaitable(SqlCore._add_many)
+    total = awaitable(SqlCore._total)
+    totals = awaitable(SqlCore._totals)
+    add_generation = awaitable(SqlCore._add_generation)
+    generations = awaitable(SqlCore._generations)
+    recorded_at = awaitable(SqlCore._recorded_at)
+    advance = awaitable(SqlCore._advance)
+    retire = awaitable(SqlCore._retire)
+    raise_max = awaitable(SqlCore._raise_max_of)
+    maxima = awaitable(SqlCore._maxima)
+    reserve = awaitable(SqlCore._reserve)
+    purge_keys = awaitable(SqlCore._purge_keys)
+
+    # -- the role Sql ------------------------------------------------------------------
+
+    async def transaction(self, action: str, work: Callable[[Connection], _T]) -> _T:
+        """Run ``work`` (blocking SQLAlchemy code) in one transaction, again if the
+        database chose it as a deadlock victim."""
+        for attempt in itertools.count():
+            try:
+                async with self.engine.begin() as conn:
+                    return await conn.run_sync(work)
+            except SQLAlchemyError as exc:
+                await asyncio.sleep(self._pause_before_retry(exc, action, attempt))
+        raise AssertionError("unreachable")
+
+    async def read(
+        self, action: str, statement: sa.Executable, *, autocommit: bool = False
+    ) -> list[Any]:
+        """Run a query and return its rows; with ``autocommit``, outside any transaction."""
+        try:
+            async with self.engine.connect() as conn:
+                if autocommit:
+                    await conn.execution_options(isolation_level="AUTOCOMMIT")
+                return list(await conn.execute(statement))
+        except SQLAlchemyError as exc:
+            raise self._error(exc, action) from exc
+
+    async def fast_add(self, params: Mapping[str, Any]) -> None:
+        """Run the shard upsert, committed at once."""
+        try:
+            async with self.engine.connect() as conn:
+                await conn.execution_options(isolation_level="AUTOCOMMIT")
+                await conn.execute(self._upsert_add, params)
+        except SQLAlchemyError as exc:
+            raise self._error(exc, f"adding to counter {params['p_name']!r}") from exc
+
+    async def close(self) -> None:
+        """Close the engine's connections, if the store made the engine."""
+        if self._owns_engine:
+            await self.engine.dispose()
+
+
+def async_engine_from_url(url: str, *, pool_size: int | None = None) -> AsyncEngine:
+    """An asyncio engine for a store URL (``engine_from_url``'s rules), choosing our async
+    driver when the URL names none: psycopg (``shardkit[postgres]``), asyncmy
+    (``shardkit[mysql]``) or aiosqlite (``shardkit[aio]``)."""
+    scheme, sep, rest = url.partition("://")
+    base, _, driver = scheme.partition("+")
+    if driver.lower() in _BLOCKING_DRIVERS:  # the sync kit's URL: take the async driver
+        url = f"{base}{sep}{rest}"
+    if importlib.util.find_spec("greenlet") is None:  # SQLAlchemy's asyncio runs on it
+        raise MissingDriver("the async kit needs: pip install 'shardkit[aio]'")
+    try:
+        engine: AsyncEngine = make_engine(url, create_async_engine, _DRIVERS, pool_size=pool_size)
+    except sa.exc.InvalidRequestError as exc:  # a driver that is not an asyncio one
+        raise ConfigurationError(f"no asyncio driver in {_urls.redact(url)!r}: {exc}") from None
+    if engine.dialect.driver == "asyncmy":
+        logging.getLogger("asyncmy").addFilter(_ignored_duplicates)
+    return engine
+
+
+def _ignored_duplicates(record: logging.LogRecord) -> bool:
+    """asyncmy logs each warning of a statement; ``INSERT IGNORE``'s "Duplicate entry" is
+    how the store learns that a key exists, not news."""
+    return not str(record.msg).startswith("Duplicate entry")
+
+
+__all__ = ["AsyncSqlStore", "async_engine_from_url"]

@@ -1,0 +1,250 @@
+"""The async kit (shardkit.aio): the sync kit's counters, awaited, on the same rows and
+keys, with concurrent coroutines' writes combined and cancellation never half-applied."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import pytest
+import sqlalchemy as sa
+
+import shardkit
+import shardkit.aio
+from conftest import CACHE_URLS, PREFIX, Target, require
+from shardkit.errors import ConfigurationError, CounterOverflow, InvalidDelta
+from shardkit.store import open_store
+from shardkit.store.sql import SqlStore
+from shardkit.validation import INT64_MAX
+
+T = TypeVar("T")
+
+
+@pytest.fixture(params=["memory", "redis"])
+def aio_cache_url(request: pytest.FixtureRequest) -> str:
+    """The caches an async kit runs on."""
+    url = CACHE_URLS[request.param]
+    if url != "memory://":
+        require(url)
+    return url
+
+
+def with_kit(
+    store_url: str,
+    cache_url: str,
+    work: Callable[[shardkit.aio.AsyncKit], Awaitable[T]],
+    prefix: str = PREFIX,
+) -> T:
+    """``work(kit)`` on an async kit on the tests' tables, in an event loop of its own."""
+
+    async def main() -> T:
+        async with shardkit.aio.connect(store_url, cache_url, prefix=prefix) as kit:
+            return await work(kit)
+
+    return asyncio.run(main())
+
+
+class Statements:
+    """Counts the shard upserts an engine sends (its sync facade's, for an async one)."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.upserts = 0
+        sa.event.listen(engine, "before_cursor_execute", self._seen)
+
+    def _seen(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("INSERT") and "shards" in statement:
+            self.upserts += 1
+
+
+def test_sync_and_async_processes_count_into_the_same_counter_exactly(
+    store_url: str, aio_cache_url: str, name: str
+) -> None:
+    """Increments from an async kit's coroutines and a sync kit's threads, interleaved,
+    sum exactly; each kit reads the other's."""
+    target = Target(store_url, aio_cache_url)
+    sync_done = threading.Event()
+
+    def sync_writer() -> None:
+        with target.connect() as kit:
+            counter = kit.sharded(name, shards=4)
+            for _ in range(200):
+                counter.incr()
+            counter.decr(50, key="sync-once")
+            counter.decr(50, key="sync-once")
+        sync_done.set()
+
+    async def work(kit: shardkit.aio.AsyncKit) -> int:
+        counter = await kit.sharded(name, shards=4)
+        thread = threading.Thread(target=sync_writer)
+        thread.start()
+        for _ in range(10):
+            await asyncio.gather(*(counter.incr(3) for _ in range(30)))
+        assert await counter.incr(7, key="async-once")
+        assert not await counter.incr(7, key="async-once")
+        await asyncio.to_thread(thread.join)
+        assert sync_done.is_set()
+        return await counter.value(fresh=True)
+
+    expected = 200 - 50 + 10 * 30 * 3 + 7
+    assert with_kit(store_url, aio_cache_url, work) == expected
+    with target.connect() as kit:
+        assert kit.sharded(name).value(fresh=True) == expected
+        assert kit.values([name], fresh=True) == {name: expected}
+
+
+def test_concurrent_coroutines_share_one_statement(
+    store_url: str, aio_cache_url: str, name: str
+) -> None:
+    """256 coroutines incrementing one counter at once: one upsert carries them all, and
+    every one of them returns having counted."""
+
+    async def work(kit: shardkit.aio.AsyncKit) -> tuple[list[bool], int, int]:
+        counter = await kit.sharded(name, shards=8)
+        statements = Statements(kit.store.engine.sync_engine)
+        applied = await asyncio.gather(*(counter.incr() for _ in range(256)))
+        upserts = statements.upserts
+        return applied, upserts, await counter.value()
+
+    applied, upserts, value = with_kit(store_url, aio_cache_url, work)
+    assert applied == [True] * 256
+    assert upserts == 1
+    assert value == 256
+
+
+def test_keys_keep_their_exact_once_promise_inside_combined_writes(
+    store_url: str, aio_cache_url: str, name: str
+) -> None:
+    """Combined keyed writes: a key repeated in the batch, or applied before, applies
+    once, and only its first caller gets True."""
+
+    async def work(kit: shardkit.aio.AsyncKit) -> tuple[list[bool], int]:
+        counter = await kit.sharded(name)
+        assert await counter.incr(100, key="k-0")
+        keys = [f"k-{i % 50}" for i in range(200)]  # k-0 applied before; each 4 times
+        applied = await asyncio.gather(*(counter.incr(1, key=key) for key in keys))
+        return applied, await counter.value(fresh=True)
+
+    applied, value = with_kit(store_url, aio_cache_url, work)
+    assert applied == [0 < index < 50 for index in range(200)]  # each key's first, but k-0
+    assert value == 100 + 49
+
+
+def test_a_failed_combined_write_raises_for_every_caller_and_applies_for_none(
+    store_url: str, aio_cache_url: str, name: str
+) -> None:
+    """Five increments combined into one statement that takes the shard past signed
+    64-bit: each caller gets CounterOverflow, and the value is unchanged."""
+
+    async def work(kit: shardkit.aio.AsyncKit) -> tuple[list[Any], int]:
+        counter = await kit.sharded(name, shards=1)
+        await counter.incr(INT64_MAX - 10)
+        outcomes = await asyncio.gather(
+            *(counter.incr(5) for _ in range(5)), return_exceptions=True
+        )
+        return outcomes, await counter.value(fresh=True)
+
+    # On tables of its own: its huge value would widen other tests' `shardkit list`.
+    prefix = f"{PREFIX}aio_big_"
+    try:
+        outcomes, value = with_kit(store_url, aio_cache_url, work, prefix)
+    finally:
+        store = open_store(store_url, prefix=prefix)
+        assert isinstance(store, SqlStore)
+        store.metadata.drop_all(store.engine)
+        store.close()
+    assert all(isinstance(outcome, CounterOverflow) for outcome in outcomes), outcomes
+    assert value == INT64_MAX - 10
+
+
+def test_cancelled_increments_apply_or_not_and_keyed_retries_make_them_exact(
+    store_url: str, aio_cache_url: str, name: str
+) -> None:
+    """Thousands of keyed increments, started in waves and each cancelled at a random
+    moment (before it runs, while queued, while its batch is written, or after), then
+    retried with their keys: the value is exactly one per key, the cached value agrees
+    (no write applied without its adjustment), and no connection is left checked out."""
+    count = 2000
+
+    async def work(kit: shardkit.aio.AsyncKit) -> tuple[int, int, int, int]:
+        counter = await kit.sharded(name, shards=4)
+        assert await counter.value() == 0  # cached from here on
+        loop = asyncio.get_running_loop()
+        moments = random.Random(7)
+        tasks = []
+        for wave in range(20):
+            for i in range(wave * 100, wave * 100 + 100):
+                task = asyncio.create_task(counter.incr(1, key=f"c-{i}"))
+                loop.call_later(moments.uniform(0, 0.05), task.cancel)
+                tasks.append(task)
+            await asyncio.sleep(0.002)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        cancelled = sum(task.cancelled() for task in tasks)
+        await asyncio.gather(*(counter.incr(1, key=f"c-{i}") for i in range(count)))
+        fresh = await counter.value(fresh=True)
+        return cancelled, fresh, await counter.value(), kit.store.engine.pool.checkedout()
+
+    cancelled, fresh, cached, checked_out = with_kit(store_url, aio_cache_url, work)
+    assert cancelled > 0
+    assert fresh == cached == count
+    assert checked_out == 0
+
+
+def test_values_and_cached_reads_include_the_process_own_writes(
+    store_url: str, aio_cache_url: str, name: str
+) -> None:
+    async def work(kit: shardkit.aio.AsyncKit) -> list[int]:
+        counter = await kit.sharded(name)
+        seen = [await counter.value()]
+        await counter.incr(5)
+        seen.append(await counter.value())  # cached, then adjusted by the write
+        seen.append((await kit.values([name]))[name])
+        await counter.grow(30)
+        seen.append(await counter.shards())
+        return seen
+
+    assert with_kit(store_url, aio_cache_url, work) == [0, 5, 5, 30]
+
+
+def test_closing_sends_the_adjustments_still_gathering(name: str, sqlite_url: str) -> None:
+    """With a long adjust delay, the cached value another process reads has the async
+    kit's writes once that kit is closed."""
+    cache_url = CACHE_URLS["redis"]
+    require(cache_url)
+
+    async def main() -> None:
+        kit = await shardkit.aio.connect(sqlite_url, cache_url, prefix=PREFIX, adjust_delay=60)
+        counter = await kit.sharded(name)
+        assert await counter.value() == 0  # cached
+        await counter.incr(3)
+        await kit.aclose()
+
+    asyncio.run(main())
+    with Target(sqlite_url, cache_url).connect() as kit:
+        assert kit.cache.get(kit.settings.cache_key(name, "sharded:value")) == 3
+
+
+def test_bad_input_is_refused_before_anything_is_written(sqlite_url: str, name: str) -> None:
+    async def work(kit: shardkit.aio.AsyncKit) -> int:
+        counter = await kit.sharded(name)
+        with pytest.raises(InvalidDelta):
+            await counter.incr(2**64)
+        with pytest.raises(InvalidDelta):
+            await counter.incr(True)
+        with pytest.raises(shardkit.errors.InvalidName):
+            await counter.incr(1, key="")
+        with pytest.raises(shardkit.errors.InvalidName):
+            await kit.sharded("")
+        return await counter.value(fresh=True)
+
+    assert with_kit(sqlite_url, "memory://", work) == 0
+
+
+def test_an_unknown_cache_is_a_configuration_error(sqlite_url: str) -> None:
+    async def main() -> None:
+        await shardkit.aio.connect(sqlite_url, "memcached://127.0.0.1:11211", prefix=PREFIX)
+
+    with pytest.raises(ConfigurationError, match="memory:// or redis://"):
+        asyncio.run(main())
