@@ -62,8 +62,16 @@ Program = Generator[Call[Any], Any, R]
 def call(method: Callable[Concatenate[Any, P], R], *args: P.args, **kwargs: P.kwargs) -> Call[R]:
     """A call of ``method`` (a class's function, such as ``Cache.get``) on whatever plays
     its class's role, with ``args``."""
-    role, _, name = method.__qualname__.rpartition(".")
-    return Call(role.rpartition(".")[2], name, args, kwargs)
+    try:
+        role, name = _NAMES[method]
+    except KeyError:
+        owner, _, name = method.__qualname__.rpartition(".")
+        role = owner.rpartition(".")[2]
+        _NAMES[method] = role, name
+    return Call(role, name, args, kwargs)
+
+
+_NAMES: dict[Callable[..., Any], tuple[str, str]] = {}  # method -> (role, name)
 
 
 def run(program: Program[R], roles: Mapping[str, Any]) -> R:
@@ -132,9 +140,3 @@ def awaitable(
         return await arun(program(self, *args, **kwargs), self.roles)
 
     return method
-
-
-def done(value: R) -> Program[R]:
-    """A program that makes no call and returns ``value``."""
-    return value
-    yield  # a generator

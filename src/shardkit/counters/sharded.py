@@ -66,11 +66,11 @@ class ShardedCore:
 
         Returns True when applied, False when ``key`` had been applied already.
         """
-        return (yield from self._add(check_delta(delta), key))
+        return self._add(check_delta(delta), key)
 
     def _decr(self, delta: int = 1, *, key: str | None = None) -> Program[bool]:
         """Subtract ``delta``; the same contract as ``incr``."""
-        return (yield from self._add(check_delta(-check_delta(delta)), key))
+        return self._add(check_delta(-check_delta(delta)), key)
 
     def _add(self, delta: int, key: str | None) -> Program[bool]:
         options = self._options
@@ -96,22 +96,19 @@ class ShardedCore:
                 except ShardkitError as exc:
                     outcomes.append(exc)
             return outcomes
-        shard = yield from self._home_shard()
+        # A writer's home shard: its ticket (taken once), within the current shard count.
+        pid, ticket = getattr(self._local, "ticket", (None, 0))
+        if pid != os.getpid():  # a forked child takes its own ticket, not its parent's
+            ticket = yield from take_ticket(self._options, self._ticket_key)
+            self._local.ticket = (os.getpid(), ticket)
+        if time.monotonic() - self._shards_read_at > _SHARDS_REFRESH:
+            yield from self._refresh_shards()
+        shard = int(ticket) % self._shards
         applied = yield from call(Store.add_many, self.name, shard, writes)
         moved = sum(delta for (delta, _), ok in zip(writes, applied, strict=True) if ok)
         if moved:
             yield from call(Adjuster.add, self._value_key, moved)
         return list(applied)
-
-    def _home_shard(self) -> Program[int]:
-        # Keyed by process: a forked child takes its own ticket, not its parent's shard.
-        pid, ticket = getattr(self._local, "ticket", (None, 0))
-        if pid != os.getpid():
-            ticket = yield from take_ticket(self._options, self._ticket_key)
-            self._local.ticket = (os.getpid(), ticket)
-        if time.monotonic() - self._shards_read_at > _SHARDS_REFRESH:
-            yield from self._refresh_shards()
-        return int(ticket) % self._shards
 
     def _refresh_shards(self) -> Program[int]:
         """The current shard count, read from the store."""

@@ -413,10 +413,7 @@ class SqlCore:
         self._fold = self.dialect.upsert(self.flushed_table, {"up": _add, "down": _add})
         self._raise_max = self.dialect.upsert(self.maxima_table, {"value": _greatest})
         self._identity: str | None = None
-
-    @property
-    def roles(self) -> Mapping[str, Any]:
-        return {"Sql": self}
+        self.roles: Mapping[str, Any] = {"Sql": self}
 
     # -- errors ------------------------------------------------------------------------
 
@@ -565,7 +562,8 @@ class SqlCore:
 
     def _add(self, name: str, shard: int, delta: int, key: str | None = None) -> Program[bool]:
         """See ``Store.add``."""
-        return (yield from self._add_many(name, shard, [(delta, key)]))[0]
+        applied = yield from self._add_many(name, shard, [(delta, key)])
+        return applied[0]
 
     def _add_many(
         self, name: str, shard: int, writes: Sequence[tuple[int, str | None]]
