@@ -8,6 +8,8 @@ them for speed.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import itertools
 import os
 import random
@@ -19,6 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import shardkit
+import shardkit.aio
 from shardkit.executor import Marks, Task
 
 Where = tuple[str, str, str]  # (store URL, cache URL, table prefix)
@@ -127,10 +130,12 @@ def store_record(kit: shardkit.Kit, name: str) -> dict[int, tuple[int, int]]:
     return {generation: (applied.up, applied.down) for generation, applied in found.items()}
 
 
-def arm(kit: shardkit.Kit, stage: int, conn: Any) -> None:
+def arm(kit: shardkit.Kit | shardkit.aio.AsyncKit, stage: int, conn: Any) -> None:
     """Make this process SIGKILL itself at ``stage`` of the kit's next flush, after
-    reporting on ``conn`` what it was doing."""
-    store, cache = kit.store, kit.cache
+    reporting on ``conn`` what it was doing (a sync or an async kit: its programs call
+    the patched methods through their roles)."""
+    store: Any = kit.store
+    cache: Any = kit.cache
     if stage == BEFORE_READ:
 
         def get_many(keys: Any) -> dict[str, int]:
@@ -138,7 +143,7 @@ def arm(kit: shardkit.Kit, stage: int, conn: Any) -> None:
             _die()
             return {}  # pragma: no cover
 
-        cache.get_many = get_many  # type: ignore[method-assign]
+        cache.get_many = get_many
     elif stage == BEFORE_COMMIT:
 
         def advance(name: str, generation: int, seen: Any, to: Any) -> bool:
@@ -146,18 +151,26 @@ def arm(kit: shardkit.Kit, stage: int, conn: Any) -> None:
             _die()
             return False  # pragma: no cover
 
-        store.advance = advance  # type: ignore[method-assign]
+        store.advance = advance
     elif stage == AFTER_COMMIT:
         real = store.advance
 
-        def advance(name: str, generation: int, seen: Any, to: Any) -> bool:
-            advanced = real(name, generation, seen, to)
+        def committed(advanced: bool, generation: int, seen: Any, to: Any) -> bool:
             if advanced:
                 conn.send(("advanced", generation, (seen.up, seen.down), (to.up, to.down)))
                 _die()
             return advanced
 
-        store.advance = advance  # type: ignore[method-assign]
+        if inspect.iscoroutinefunction(real):
+
+            async def advance_later(name: str, generation: int, seen: Any, to: Any) -> bool:
+                return committed(await real(name, generation, seen, to), generation, seen, to)
+
+            store.advance = advance_later
+        else:
+            store.advance = lambda name, generation, seen, to: committed(
+                real(name, generation, seen, to), generation, seen, to
+            )
     else:
         raise ValueError(f"no stage {stage}")
 
@@ -178,6 +191,30 @@ def doomed_flusher(where: Where, name: str, stage: int, warmups: int, conn: Any)
         conn.send(("armed", store_record(kit, name)))
         arm(kit, stage, conn)
         conn.send(("survived", counter.flush()))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+
+
+def async_doomed_flusher(where: Where, name: str, stage: int, warmups: int, conn: Any) -> None:
+    """``doomed_flusher``, flushing with an async kit (the same reports)."""
+
+    async def main() -> None:
+        store_url, cache_url, prefix = where
+        kit = await shardkit.aio.connect(store_url, cache_url, prefix=prefix)
+        counter = await kit.buffered(name, interval=NEVER)
+        conn.send(("warmed", [await counter.flush() for _ in range(warmups)]))
+        deadline = time.monotonic() + TIMEOUT
+        while (await counter.parts()).pending == 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError("nothing pending")
+            await asyncio.sleep(0.005)
+        found = (await kit.store.generations([name])).get(name, {})
+        conn.send(("armed", {g: (a.up, a.down) for g, a in found.items()}))
+        arm(kit, stage, conn)
+        conn.send(("survived", await counter.flush()))
+
+    try:
+        asyncio.run(main())
     except BaseException:
         conn.send(("error", traceback.format_exc()))
 

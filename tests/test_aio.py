@@ -248,3 +248,135 @@ def test_an_unknown_cache_is_a_configuration_error(sqlite_url: str) -> None:
 
     with pytest.raises(ConfigurationError, match="memory:// or redis://"):
         asyncio.run(main())
+
+
+# -- buffered counters --------------------------------------------------------------------
+
+
+def test_buffered_sync_and_async_processes_count_and_flush_each_other_exactly(
+    store_url: str, name: str
+) -> None:
+    """A buffered counter written by an async kit's coroutines and a sync kit's thread,
+    each kit flushing what the other counted: exact (on Redis, which both share)."""
+    cache_url = CACHE_URLS["redis"]
+    require(cache_url)
+    target = Target(store_url, cache_url)
+
+    def sync_writer() -> None:
+        with target.connect() as kit:
+            hits = kit.buffered(name, interval=3600)
+            for index in range(300):
+                hits.incr(2)
+                if index % 100 == 0:
+                    hits.flush()
+
+    async def work(kit: shardkit.aio.AsyncKit) -> tuple[int, Any]:
+        hits = await kit.buffered(name, interval=3600)
+        thread = threading.Thread(target=sync_writer)
+        thread.start()
+        for round_ in range(10):
+            await asyncio.gather(*(hits.incr() for _ in range(40)))
+            await hits.decr(5)
+            if round_ % 3 == 0:
+                await hits.flush()
+        await asyncio.to_thread(thread.join)
+        await kit.flush_all()
+        return await hits.value(), await hits.parts()
+
+    expected = 300 * 2 + 10 * (40 - 5)
+    value, parts = with_kit(store_url, cache_url, work)
+    assert value == expected
+    assert parts == (expected, 0)
+    with target.connect() as kit:
+        assert kit.buffered(name).parts() == (expected, 0)
+
+
+def test_concurrent_coroutines_share_one_cache_command(
+    store_url: str, aio_cache_url: str, name: str
+) -> None:
+    """256 coroutines incrementing a buffered counter at once are one cache command."""
+
+    async def work(kit: shardkit.aio.AsyncKit) -> tuple[list[int], int]:
+        hits = await kit.buffered(name, interval=3600)
+        await hits.incr()  # its generation exists: what follows is bumps only
+        sent: list[int] = []
+        real = kit.cache.bump
+
+        def bump(key: str, delta: int) -> Any:
+            sent.append(delta)
+            return real(key, delta)
+
+        kit.cache.bump = bump
+        await asyncio.gather(*(hits.incr() for _ in range(256)))
+        return sent, await hits.value()
+
+    sent, value = with_kit(store_url, aio_cache_url, work)
+    assert sent == [256]
+    assert value == 257
+
+
+def test_cancelled_buffered_increments_counted_or_not_never_half(
+    store_url: str, aio_cache_url: str, name: str
+) -> None:
+    """Increments cancelled at random moments: the counter holds exactly what its cache
+    commands carried — every completed increment, and a cancelled one only if its
+    command was sent — and a flush moves exactly that."""
+
+    async def work(kit: shardkit.aio.AsyncKit) -> tuple[int, int, int, Any]:
+        hits = await kit.buffered(name, interval=3600)
+        await hits.incr()
+        sent: list[int] = []
+        real = kit.cache.bump
+
+        def bump(key: str, delta: int) -> Any:
+            sent.append(delta)
+            return real(key, delta)
+
+        kit.cache.bump = bump
+        loop = asyncio.get_running_loop()
+        moments = random.Random(11)
+        tasks = []
+        for _ in range(20):
+            for _ in range(50):
+                task = asyncio.create_task(hits.incr(3))
+                loop.call_later(moments.uniform(0, 0.02), task.cancel)
+                tasks.append(task)
+            await asyncio.sleep(0.001)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        completed = sum(not task.cancelled() for task in tasks)
+        await hits.flush()
+        return 1 + sum(sent), completed, await hits.value(), await hits.parts()
+
+    carried, completed, value, parts = with_kit(store_url, aio_cache_url, work)
+    assert value == carried
+    assert 1 + 3 * completed <= value <= 1 + 3 * 1000
+    assert parts == (value, 0)
+
+
+def test_scheduled_flushes_run_on_the_event_loop(sqlite_url: str, name: str) -> None:
+    """The interval's flush comes due as a task of the kit's loop: the store has the
+    counts without any call to flush."""
+
+    async def work(kit: shardkit.aio.AsyncKit) -> Any:
+        hits = await kit.buffered(name, interval=0.05)
+        await asyncio.gather(*(hits.incr() for _ in range(30)))
+        deadline = asyncio.get_running_loop().time() + 30
+        while (await hits.parts()).stored != 30:
+            assert asyncio.get_running_loop().time() < deadline, "the scheduled flush"
+            await asyncio.sleep(0.01)
+        return await hits.parts()
+
+    assert with_kit(sqlite_url, "memory://", work) == (30, 0)
+
+
+def test_closing_flushes_what_is_pending(store_url: str, aio_cache_url: str, name: str) -> None:
+    """``aclose()`` runs the flushes waiting on the loop: the store has every count."""
+
+    async def work(kit: shardkit.aio.AsyncKit) -> None:
+        hits = await kit.buffered(name, interval=3600)
+        await hits.incr(41)
+        await hits.decr()
+
+    with_kit(store_url, aio_cache_url, work)
+    with Target(store_url, "memory://").connect() as kit:
+        assert kit.store.total(name) == 40

@@ -117,9 +117,15 @@ FLUSHERS = 54  # 18 per crash point
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "flusher", [bw.doomed_flusher, bw.async_doomed_flusher], ids=["sync", "async"]
+)
 def test_flushes_killed_at_every_crash_point_never_lose_or_double(
-    where: bw.Where, name: str
+    where: bw.Where, name: str, flusher: Callable[..., None]
 ) -> None:
+    """Flushes (of a sync kit, or an async one, while sync writers count) killed at each
+    point of a flush: what the store holds is exactly what the flushes that committed
+    moved, and a last flush moves the rest, exactly."""
     began = time.monotonic()
     writers = Writers(where, name, 3, signed=True, interval=bw.NEVER, flushing=False)
     killed = dict.fromkeys(bw.STAGES, 0)
@@ -135,7 +141,7 @@ def test_flushes_killed_at_every_crash_point_never_lose_or_double(
                 stage = bw.STAGES[index % len(bw.STAGES)]
                 report, send = FORK.Pipe(duplex=False)
                 args = (where, name, stage, random.randint(0, 2), send)
-                with _processes(bw.doomed_flusher, [args]) as (flusher,):
+                with _processes(flusher, [args]) as (doomed,):
                     send.close()  # the child's copy is the only one: EOF once it is dead
                     messages = []
                     while report.poll(DEADLINE):
@@ -143,8 +149,8 @@ def test_flushes_killed_at_every_crash_point_never_lose_or_double(
                             messages.append(report.recv())
                         except EOFError:
                             break
-                    flusher.join(DEADLINE)
-                    assert flusher.exitcode == -9, messages  # died by SIGKILL, nothing else
+                    doomed.join(DEADLINE)
+                    assert doomed.exitcode == -9, messages  # died by SIGKILL, nothing else
                 report.close()
 
                 # What the flusher did before it died, and what the store holds now.

@@ -12,10 +12,18 @@ import pytest
 import shardkit
 from conftest import wait_for
 from shardkit._combine import Combiner
+from shardkit.counters.buffered import Sides
 from shardkit.errors import BackendError, CounterOverflow
 from shardkit.validation import INT64_MAX
 
 DEADLINE = 60.0  # seconds: how long a held batch waits for its test to open the gate
+
+
+def _sides(counter: shardkit.BufferedCounter) -> tuple[Combiner[int, None], ...]:
+    """The combiners of the counter's increments and decrements."""
+    bumps = counter.roles["Bumps"]
+    assert isinstance(bumps, Sides)
+    return bumps.sides
 
 
 def _queued(counter: shardkit.ShardedCounter) -> int:
@@ -268,7 +276,7 @@ def test_concurrent_buffered_increments_share_one_cache_command(
     first = threads(lambda: likes.incr(2))
     gate.entered.acquire()
     rest = [threads(lambda d=d: likes.incr(d)) for d in (3, 4, 5)]
-    wait_for(lambda: likes._bumps[0].waiting == 3, "three increments queued")
+    wait_for(lambda: _sides(likes)[0].waiting == 3, "three increments queued")
     gate.open()
     for outcome in (first, *rest):
         wait_for(lambda o=outcome: bool(o), "every caller to return")

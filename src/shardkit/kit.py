@@ -24,7 +24,7 @@ from shardkit.counters import (
 )
 from shardkit.counters.adjuster import Adjuster
 from shardkit.counters.base import Options, best_effort, log
-from shardkit.counters.buffered import Parts, flush_counters, read_parts
+from shardkit.counters.buffered import BufferedCore, Parts, flush_counters, read_parts
 from shardkit.counters.sharded import ShardedCore
 from shardkit.errors import ConfigurationError, CounterKindMismatch, CounterNotFound, ShardkitError
 from shardkit.executor import Executor, LocalExecutor, Marks
@@ -63,6 +63,7 @@ class _Named(Protocol):
 _K = TypeVar("_K", bound=_Named)  # the counters a kit keeps open
 _C = TypeVar("_C", bound=_Named)
 _S = TypeVar("_S", bound=ShardedCore)
+_B = TypeVar("_B", bound=BufferedCore)
 
 
 class KitCore(Generic[_K]):
@@ -120,6 +121,60 @@ class KitCore(Generic[_K]):
         )
         return self._keep(new(info))
 
+    def _open_buffered(
+        self,
+        name: str,
+        interval: float,
+        kind: type[_B],
+        new: Callable[[CounterInfo, float], _B],
+    ) -> Program[_B]:
+        """The buffered counter ``name`` (of class ``kind``, made by ``new``), created on
+        first use, flushed every ``interval`` seconds by this kit."""
+        check_name(name)
+        interval = check_interval(interval)
+        counter = self._opened(name, kind)
+        if counter is not None and counter.interval == interval:
+            return counter
+        info = yield from call(Store.open_counter, name, BufferedCore.kind, 1, grow=False)
+        return self._keep(new(info, interval))
+
+    def _save_counters(self) -> Program[None]:
+        """With a private cache, whose contents die with the process, flush the buffered
+        counters opened lately, folding their generations into one row (see
+        ``BufferedCore._retire``); a failure is logged, and the others are saved."""
+        if self._options.shared_cache:
+            return
+        with self._lock:
+            counters = [c for c in self._counters.values() if isinstance(c, BufferedCore)]
+        for counter in counters:
+            try:
+                yield from counter._retire()
+            except ShardkitError as exc:
+                log.warning("could not save counter %r at close: %s", counter.name, exc)
+
+    def _counters_in_store(self) -> Program[list[CounterInfo]]:
+        """Every counter in the store, ordered by name."""
+        return (yield from call(Store.counters))
+
+    def _flush_all(self) -> Program[dict[str, int]]:
+        """Flush every buffered counter in the store (a crashed or lost flush's work
+        included); return the amount moved per counter that had something pending.
+        Idempotent; safe to run concurrently with anything.
+
+        A counter that cannot be flushed does not stop the others: every other one is
+        flushed, then ``FlushFailed`` is raised, its ``failed`` naming each failed
+        counter with its error and its ``moved`` holding what this call would have
+        returned."""
+        infos = yield from call(Store.counters)
+        names = [info.name for info in infos if info.kind == BufferedCore.kind]
+        return (yield from flush_counters(self._options, names))
+
+    def _parts(self, names: Iterable[str]) -> Program[dict[str, Parts]]:
+        """The stored and pending parts of many buffered counters (``Parts.total`` is each
+        one's exact value now): one store read and one cache read for all of them.
+        Unknown names read ``Parts(0, 0)``."""
+        return (yield from read_parts(self._options, [check_name(name) for name in names]))
+
     def _values(self, names: Iterable[str], *, fresh: bool = False) -> Program[dict[str, int]]:
         """Values of many counters: one cache round trip for the cached ones and one
         store query for the rest (all of them when ``fresh``). Unknown names read 0.
@@ -173,7 +228,9 @@ class Kit(KitCore[Counter]):
     def _tasks(self) -> Mapping[str, Any]:
         """The background tasks counters submit to the executor, by name (JSON args)."""
         return {
-            "flush": lambda args: flush_counters(self._settings, [check_name(args["name"])]),
+            "flush": lambda args: run(
+                flush_counters(self._settings, [check_name(args["name"])]), self.roles
+            ),
             "flush_all": lambda args: self.flush_all(),
             TASK: lambda args: self.mapper.run_range(args["job"], args["range"]),
         }
@@ -227,17 +284,16 @@ class Kit(KitCore[Counter]):
         open)."""
         self.executor.close()
         self._settings.adjuster.close()
+        run(self._save_counters(), self.roles)
         if not self.cache.shared:
             with self._lock:
                 counters = list(self._counters.values())
             for counter in counters:
-                try:
-                    if isinstance(counter, BufferedCounter):
-                        counter._retire()
-                    elif isinstance(counter, MonotonicCounter):
+                if isinstance(counter, MonotonicCounter):
+                    try:
                         counter.checkpoint()
-                except ShardkitError as exc:
-                    log.warning("could not save counter %r at close: %s", counter.name, exc)
+                    except ShardkitError as exc:
+                        log.warning("could not save counter %r at close: %s", counter.name, exc)
         self.store.close()
         self.cache.close()
 
@@ -254,13 +310,13 @@ class Kit(KitCore[Counter]):
         """The buffered (write-behind) counter ``name``, created on first use, whose
         increments this kit flushes to the store every ``interval`` seconds (a setting
         of this process, not of the counter: processes may flush at their own pace)."""
-        check_name(name)
-        interval = check_interval(interval)
-        counter = self._opened(name, BufferedCounter)
-        if counter is not None and counter.interval == interval:
-            return counter
-        info = self.store.open_counter(name, BufferedCounter.kind, 1, grow=False)
-        return self._keep(BufferedCounter(info, self._settings, self.executor, interval))
+        opening = self._open_buffered(
+            name,
+            interval,
+            BufferedCounter,
+            lambda info, every: BufferedCounter(info, self._settings, self.executor, every),
+        )
+        return run(opening, self.roles)
 
     def monotonic(
         self,
@@ -323,29 +379,11 @@ class Kit(KitCore[Counter]):
             return self.ids(name)
         return self.sharded(name)
 
-    def flush_all(self) -> dict[str, int]:
-        """Flush every buffered counter in the store (a crashed or lost flush's work
-        included); return the amount moved per counter that had something pending.
-        Idempotent; safe to run concurrently with anything.
-
-        A counter that cannot be flushed does not stop the others: every other one is
-        flushed, then ``FlushFailed`` is raised, its ``failed`` naming each failed
-        counter with its error and its ``moved`` holding what this call would have
-        returned."""
-        names = [info.name for info in self.counters() if info.kind == BufferedCounter.kind]
-        return flush_counters(self._settings, names)
-
-    def counters(self) -> list[CounterInfo]:
-        """Every counter in the store, ordered by name."""
-        return self.store.counters()
+    flush_all = blocking(KitCore._flush_all)
+    counters = blocking(KitCore._counters_in_store)
+    parts = blocking(KitCore._parts)
 
     values = blocking(KitCore._values)
-
-    def parts(self, names: Iterable[str]) -> dict[str, Parts]:
-        """The stored and pending parts of many buffered counters (``Parts.total`` is each
-        one's exact value now): one store read and one cache read for all of them.
-        Unknown names read ``Parts(0, 0)``."""
-        return read_parts(self._settings, [check_name(name) for name in names])
 
     def map(
         self,

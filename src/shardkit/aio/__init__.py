@@ -25,15 +25,17 @@ from typing import Any
 
 from shardkit._combine import AsyncCombiner
 from shardkit._program import arun, awaitable
+from shardkit.aio.executor import LoopExecutor
 from shardkit.aio.store import AsyncSqlStore, async_engine_from_url
 from shardkit.cache.memory import MemoryCache
 from shardkit.counters.adjuster import AsyncAdjuster
 from shardkit.counters.base import Options
+from shardkit.counters.buffered import BufferedCore, Sides, flush_counters
 from shardkit.counters.sharded import ShardedCore, Write
 from shardkit.errors import ConfigurationError, ShardkitError
-from shardkit.kit import DEFAULT_CACHE, DEFAULT_STORE, KitCore
+from shardkit.kit import DEFAULT_CACHE, DEFAULT_INTERVAL, DEFAULT_STORE, KitCore
 from shardkit.store.base import CounterInfo
-from shardkit.validation import check_kit_options
+from shardkit.validation import check_kit_options, check_name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +55,10 @@ class AsyncSettings(Options):
     @property
     def namespace(self) -> str:
         return f"shardkit:{self.identity}:"
+
+    @property
+    def shared_cache(self) -> bool:
+        return bool(self.cache.shared)
 
     @property
     def roles(self) -> dict[str, object]:
@@ -86,7 +92,37 @@ class AsyncShardedCounter(ShardedCore):
     shards = awaitable(ShardedCore._refresh_shards)
 
 
-class AsyncKit(KitCore[AsyncShardedCounter]):
+class AsyncBufferedCounter(BufferedCore):
+    """``shardkit.BufferedCounter``, awaited: the same guarantees, on the same keys and
+    rows (a sync process's flush moves an async process's increments, and back).
+
+    Its flushes are tasks of the kit's event loop (``LoopExecutor``). Concurrent
+    increments from coroutines share one cache command per side. A cancelled increment
+    counted or not, never half: cancelled while queued, it is not counted; once its
+    command is sent, it is.
+    """
+
+    def __init__(
+        self, info: CounterInfo, settings: AsyncSettings, executor: LoopExecutor, interval: float
+    ) -> None:
+        super().__init__(info, settings, interval)
+        bumps = Sides(*(AsyncCombiner(self._bump_now(side)) for side in (0, 1)))
+        self.roles = {**settings.roles, "Executor": executor, "Bumps": bumps}
+
+    def _bump_now(self, side: int) -> Callable[[Sequence[int]], Awaitable[list[None]]]:
+        return lambda amounts: arun(self._bump(side, amounts), self.roles)
+
+    incr = awaitable(BufferedCore._incr)
+    decr = awaitable(BufferedCore._decr)
+    flush = awaitable(BufferedCore._flush)
+    parts = awaitable(BufferedCore._parts)
+    value = awaitable(BufferedCore._value)
+
+
+AsyncCounter = AsyncShardedCounter | AsyncBufferedCounter
+
+
+class AsyncKit(KitCore[AsyncCounter]):
     """An async store and cache, and the counters that live in them. Use it as an async
     context manager, or ``await kit.aclose()``."""
 
@@ -94,6 +130,15 @@ class AsyncKit(KitCore[AsyncShardedCounter]):
         super().__init__(settings)
         self._settings = settings
         self.roles = settings.roles
+        self.executor = LoopExecutor(settings.cache, lambda n: settings.cache_key(n, "task"))
+        self.executor.bind(
+            {
+                "flush": lambda args: arun(
+                    flush_counters(settings, [check_name(args["name"])]), self.roles
+                ),
+                "flush_all": lambda args: self.flush_all(),
+            }
+        )
 
     @property
     def settings(self) -> AsyncSettings:
@@ -117,9 +162,13 @@ class AsyncKit(KitCore[AsyncShardedCounter]):
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Send the adjustments of cached values still gathering; then close the
-        connections the kit opened."""
+        """Run the flushes waiting in the kit's executor and send the adjustments of
+        cached values still gathering; with a private cache, whose contents die with the
+        process, flush the buffered counters (folding their generations into one row);
+        then close the connections the kit opened."""
+        await self.executor.close()
         await self._settings.adjuster.close()
+        await arun(self._save_counters(), self.roles)
         await self.store.close()
         closing = self.cache.close()
         if isinstance(closing, Awaitable):
@@ -135,7 +184,21 @@ class AsyncKit(KitCore[AsyncShardedCounter]):
         )
         return await arun(opening, self.roles)
 
+    async def buffered(self, name: str, interval: float = DEFAULT_INTERVAL) -> AsyncBufferedCounter:
+        """The buffered counter ``name``: see ``Kit.buffered``. Its flushes run on this
+        kit's event loop."""
+        opening = self._open_buffered(
+            name,
+            interval,
+            AsyncBufferedCounter,
+            lambda info, every: AsyncBufferedCounter(info, self._settings, self.executor, every),
+        )
+        return await arun(opening, self.roles)
+
     values = awaitable(KitCore._values)
+    parts = awaitable(KitCore._parts)
+    flush_all = awaitable(KitCore._flush_all)
+    counters = awaitable(KitCore._counters_in_store)
 
 
 class _Connecting:
@@ -228,4 +291,11 @@ def _open_cache(target: Any) -> Any:
     )
 
 
-__all__ = ["AsyncKit", "AsyncSettings", "AsyncShardedCounter", "connect"]
+__all__ = [
+    "AsyncBufferedCounter",
+    "AsyncKit",
+    "AsyncSettings",
+    "AsyncShardedCounter",
+    "LoopExecutor",
+    "connect",
+]

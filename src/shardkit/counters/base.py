@@ -45,6 +45,11 @@ class Options:
         stores sharing one cache never meet in it."""
         raise NotImplementedError
 
+    @property
+    def shared_cache(self) -> bool:
+        """Whether other processes see the cache's keys (see ``Cache.shared``)."""
+        raise NotImplementedError
+
     def cache_key(self, name: str, part: str) -> str:
         return f"{self.namespace}{part}:{name}"
 
@@ -66,6 +71,10 @@ class CounterSettings(Options):
     def namespace(self) -> str:
         """Prefix of every cache key (read from the store on first use)."""
         return f"shardkit:{self.store.identity()}:"
+
+    @property
+    def shared_cache(self) -> bool:
+        return self.cache.shared
 
     @property
     def roles(self) -> dict[str, object]:

@@ -46,12 +46,13 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Iterable, Sequence
-from functools import partial
-from typing import NamedTuple
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
 
 from shardkit._combine import Combiner
-from shardkit.counters.base import CounterSettings
+from shardkit._program import Program, blocking, call, run
+from shardkit.cache.base import Cache
+from shardkit.counters.base import CounterSettings, Options, best_effort
 from shardkit.errors import (
     BackendError,
     CounterOverflow,
@@ -60,7 +61,7 @@ from shardkit.errors import (
     ShardkitError,
 )
 from shardkit.executor.base import Executor
-from shardkit.store.base import RETIRED, CounterInfo, Flushed
+from shardkit.store.base import RETIRED, CounterInfo, Flushed, Store
 from shardkit.validation import INT64_MAX, INT64_MIN, check_delta, check_interval
 
 # A writer that finds its generation dead adopts or starts another; a cache being wiped
@@ -91,7 +92,205 @@ class Parts(NamedTuple):
         return self.stored + self.pending
 
 
-class BufferedCounter:
+class Bumps(Protocol):
+    """The role that adds to a generation's sums: a combiner per side, so that
+    concurrent increments (side 0) or decrements (1) share one cache command."""
+
+    def __call__(self, side: int, amount: int, /) -> None: ...
+
+
+class Sides:
+    """Plays ``Bumps`` with one combiner (thread or coroutine) per side."""
+
+    def __init__(self, up: Any, down: Any) -> None:
+        self.sides = (up, down)
+
+    def __call__(self, side: int, amount: int) -> Any:
+        return self.sides[side](amount)
+
+
+class BufferedCore:
+    """The buffered counter's rules, for its sync and async forms (see
+    ``BufferedCounter``). Its programs run on the roles ``Store``, ``Cache``,
+    ``Executor`` (which runs the scheduled flushes) and ``Bumps``."""
+
+    kind = "buffered"
+    roles: Mapping[str, Any]
+
+    def __init__(self, info: CounterInfo, options: Options, interval: float) -> None:
+        self.name = info.name
+        self.interval = check_interval(interval)
+        self._options = options
+        self._pointer_key = options.cache_key(self.name, "buffered:generation")
+        self._writing: tuple[int, tuple[str, str]] | None = None  # generation, its keys
+        # Generations this object started, with the process that started each: a forked
+        # child's copy must never retire its parent's live generation.
+        self._started: list[tuple[int, int]] = []  # (pid, generation)
+        self._scheduled: tuple[int, int] | None = None  # (pid, interval number)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} interval={self.interval}>"
+
+    def _keys(self, generation: int) -> tuple[str, str]:
+        return _keys(self._options, self.name, generation)
+
+    # -- writes ------------------------------------------------------------------------
+
+    def _incr(self, delta: int = 1) -> Program[None]:
+        """Add ``delta``, an int within ±``MAX_DELTA`` (2**40; a larger one raises
+        ``InvalidDelta`` and counts nothing); one cache round trip, which concurrent
+        increments from other threads (or coroutines) of the process share (it returns
+        once the cache has taken it), plus one per interval per process to schedule the
+        flush (and one when the generation fills).
+
+        A call that raises ``BackendError`` may or may not have counted.
+        """
+        delta = check_delta(delta)
+        if abs(delta) > MAX_DELTA:
+            raise InvalidDelta(f"delta {delta} is outside ±2**40, a buffered counter's limit")
+        if delta:
+            yield from call(Bumps.__call__, int(delta < 0), abs(delta))
+            yield from self._schedule()
+
+    def _decr(self, delta: int = 1) -> Program[None]:
+        """Subtract ``delta``; the same contract as ``incr``."""
+        return self._incr(-check_delta(delta))
+
+    def _bump(self, side: int, amounts: Sequence[int]) -> Program[list[None]]:
+        """Add a batch of increments (``side`` 0) or decrements (1) to the generation's
+        sum, in one cache command."""
+        amount = sum(amounts)
+        writing = self._writing
+        for _ in range(_ATTEMPTS):
+            if writing is None:
+                writing = yield from self._adopt(dead=None)
+            total = (yield from call(Cache.bump, writing[1][side], amount)) - _BASE
+            if total >= amount:
+                if total > _FULL:  # counted; the next increments go to a new generation
+                    yield from best_effort(self._options, _MOVE, self._adopt(writing[0]))
+                return [None] * len(amounts)
+            writing = yield from self._adopt(dead=writing[0])
+        raise BackendError(f"the cache kept losing counter {self.name!r}'s keys")
+
+    def _adopt(self, dead: int | None) -> Program[tuple[int, tuple[str, str]]]:
+        """The generation to write to (and its keys), now that ``dead`` (if any) has lost
+        its keys: the one the cache points at, unless that is ``dead`` or absent; then a
+        new one."""
+        pointer = yield from call(Cache.get, self._pointer_key)
+        if pointer is None or pointer == dead:
+            pointer = yield from self._start_generation(replacing=pointer)
+        self._writing = (pointer, self._keys(pointer))
+        return self._writing
+
+    def _start_generation(self, replacing: int | None) -> Program[int]:
+        generation = random.randrange(1, 2**63)
+        # Recorded first: a flush only reads generations the store knows, so the keys
+        # must not take increments before the record exists.
+        yield from call(Store.add_generation, self.name, generation)
+        keys = self._keys(generation)
+        for key in keys:
+            yield from call(Cache.add, key, _BASE, None)
+        if replacing is not None:
+            yield from call(Cache.delete, self._pointer_key)
+        if (yield from call(Cache.add, self._pointer_key, generation, None)):
+            self._record_start(generation)
+            return generation
+        # Another writer started one first. Nobody else knows ours, so it took nothing:
+        # drop its keys and write into the winner's. (Racing replacers may still leave two
+        # live generations; both are flushed, so that costs only a row.)
+        winner = yield from call(Cache.get, self._pointer_key)
+        if winner is None:
+            self._record_start(generation)
+            return generation
+        for key in keys:
+            yield from call(Cache.delete, key)
+        return winner
+
+    def _record_start(self, generation: int) -> None:
+        """Remember a generation this process started, for ``_retire``: only with a
+        private cache (a shared cache's generations outlive the process; flushes fold
+        them once dead), so a long-lived counter on a shared cache keeps no list."""
+        if not self._options.shared_cache:
+            self._started.append((os.getpid(), generation))
+
+    def _schedule(self) -> Program[None]:
+        """Submit this interval's flush, once per process (and, through the executor's
+        deduplication, once in all) per interval; due when the interval ends."""
+        now = time.time()
+        number = int(now // self.interval)
+        if self._scheduled == (os.getpid(), number):
+            return
+        self._scheduled = (os.getpid(), number)
+        delay = (number + 1) * self.interval - now
+        failures = self._options.failures
+        submitted = False
+        try:
+            yield from call(
+                Executor.submit,
+                "flush",
+                {"name": self.name},
+                delay=delay,
+                dedupe=f"flush:{self.name}:{number}",
+                window=self.interval,
+            )
+            submitted = True
+        except ShardkitError as exc:
+            # The increment has counted: failing the call now would invite a doubled
+            # retry. The next increment tries again.
+            failures.failed(_SCHEDULE, "could not schedule a flush of %r: %s", self.name, exc)
+        else:
+            failures.worked(_SCHEDULE)
+        finally:
+            if not submitted:  # failed, or the caller was cancelled: the next one tries
+                self._scheduled = None
+
+    # -- flushes -----------------------------------------------------------------------
+
+    def _flush(self) -> Program[int]:
+        """Move what is pending into the store now; return how much this call moved.
+
+        Safe at any time, from anywhere, concurrently with writers and other flushes.
+        Raises the counter's error (``CounterOverflow``, ``BackendError``) if it fails.
+        """
+        try:
+            moved = yield from flush_counters(self._options, [self.name])
+        except FlushFailed as exc:
+            raise exc.failed[self.name] from None
+        return moved.get(self.name, 0)
+
+    def _retire(self) -> Program[None]:
+        """Flush, then fold the generations this process started into the store's
+        ``RETIRED`` generation, so that a private (per-process) cache does not leave a
+        generation row per process behind. Only for a cache nobody else writes to, once
+        nothing else in the process flushes: closing the kit does it after closing the
+        executor. (A generation started before a fork is the parent's: a child leaves it.)"""
+        yield from flush_counters(self._options, [self.name])
+        generations = yield from call(Store.generations, [self.name])
+        recorded = generations.get(self.name, {})
+        pid = os.getpid()
+        for started_by, generation in self._started:
+            if started_by != pid:
+                continue
+            if generation in recorded:
+                yield from call(Store.retire, self.name, generation, recorded[generation])
+            for key in self._keys(generation):
+                yield from call(Cache.delete, key)
+        self._started.clear()
+        self._writing = None
+
+    # -- reads -------------------------------------------------------------------------
+
+    def _parts(self) -> Program[Parts]:
+        """The stored and pending parts of the value: one store read, then one cache read
+        (in that order, so a flush between the two is never counted twice)."""
+        return (yield from read_parts(self._options, [self.name]))[self.name]
+
+    def _value(self) -> Program[int]:
+        """The exact value now: stored plus pending."""
+        return (yield from self._parts()).total
+
+
+class BufferedCounter(BufferedCore):
     """A counter whose increments cost one cache round trip and reach the store in
     flushes, at most one scheduled per counter per ``interval`` seconds.
 
@@ -109,195 +308,28 @@ class BufferedCounter:
     Thread-safe; usable in a forked child.
     """
 
-    kind = "buffered"
-
     def __init__(
         self, info: CounterInfo, settings: CounterSettings, executor: Executor, interval: float
     ) -> None:
-        self.name = info.name
-        self.interval = check_interval(interval)
-        self._settings = settings
+        super().__init__(info, settings, interval)
         self._executor = executor
-        self._pointer_key = settings.cache_key(self.name, "buffered:generation")
-        self._writing: tuple[int, tuple[str, str]] | None = None  # generation, its keys
-        # Generations this object started, with the process that started each: a forked
-        # child's copy must never retire its parent's live generation.
-        self._started: list[tuple[int, int]] = []  # (pid, generation)
-        self._scheduled: tuple[int, int] | None = None  # (pid, interval number)
-        # Concurrent increments (and decrements) from this process's threads share one
-        # cache command.
-        self._bumps = (
-            Combiner(partial(self._bump, 0)),
-            Combiner(partial(self._bump, 1)),
-        )
+        bumps = Sides(*(Combiner(self._bump_now(side)) for side in (0, 1)))
+        self.roles = {**settings.roles, "Executor": executor, "Bumps": bumps}
 
-    def __repr__(self) -> str:
-        return f"<BufferedCounter {self.name!r} interval={self.interval}>"
+    def _bump_now(self, side: int) -> Any:
+        return lambda amounts: run(self._bump(side, amounts), self.roles)
 
-    def _keys(self, generation: int) -> tuple[str, str]:
-        return _keys(self._settings, self.name, generation)
-
-    # -- writes ------------------------------------------------------------------------
-
-    def incr(self, delta: int = 1) -> None:
-        """Add ``delta``, an int within ±``MAX_DELTA`` (2**40; a larger one raises
-        ``InvalidDelta`` and counts nothing); one cache round trip, which concurrent
-        increments from other threads of the process share (it returns once the cache
-        has taken it), plus one per interval per process to schedule the flush (and one
-        when the generation fills).
-
-        A call that raises ``BackendError`` may or may not have counted.
-        """
-        delta = check_delta(delta)
-        if delta == 0:
-            return
-        if abs(delta) > MAX_DELTA:
-            raise InvalidDelta(f"delta {delta} is outside ±2**40, a buffered counter's limit")
-        self._bumps[delta < 0](abs(delta))
-        self._schedule()
-
-    def _bump(self, side: int, amounts: Sequence[int]) -> list[None]:
-        """Add a batch of increments (``side`` 0) or decrements (1) to the generation's
-        sum, in one cache command."""
-        amount = sum(amounts)
-        cache = self._settings.cache
-        writing = self._writing
-        for _ in range(_ATTEMPTS):
-            if writing is None:
-                writing = self._adopt(dead=None)
-            total = cache.bump(writing[1][side], amount) - _BASE
-            if total >= amount:
-                if total > _FULL:  # counted; the next increments go to a new generation
-                    self._settings.best_effort(_MOVE, partial(self._adopt, writing[0]))
-                return [None] * len(amounts)
-            writing = self._adopt(dead=writing[0])
-        raise BackendError(f"cache {cache.url} kept losing counter {self.name!r}'s keys")
-
-    def decr(self, delta: int = 1) -> None:
-        """Subtract ``delta``; the same contract as ``incr``."""
-        self.incr(-check_delta(delta))
-
-    def _adopt(self, dead: int | None) -> tuple[int, tuple[str, str]]:
-        """The generation to write to (and its keys), now that ``dead`` (if any) has lost
-        its keys: the one the cache points at, unless that is ``dead`` or absent; then a
-        new one."""
-        cache = self._settings.cache
-        pointer = cache.get(self._pointer_key)
-        if pointer is None or pointer == dead:
-            pointer = self._start_generation(replacing=pointer)
-        self._writing = (pointer, self._keys(pointer))
-        return self._writing
-
-    def _start_generation(self, replacing: int | None) -> int:
-        store, cache = self._settings.store, self._settings.cache
-        generation = random.randrange(1, 2**63)
-        # Recorded first: a flush only reads generations the store knows, so the keys
-        # must not take increments before the record exists.
-        store.add_generation(self.name, generation)
-        keys = self._keys(generation)
-        for key in keys:
-            cache.add(key, _BASE, None)
-        if replacing is not None:
-            cache.delete(self._pointer_key)
-        if cache.add(self._pointer_key, generation, None):
-            self._record_start(generation)
-            return generation
-        # Another writer started one first. Nobody else knows ours, so it took nothing:
-        # drop its keys and write into the winner's. (Racing replacers may still leave two
-        # live generations; both are flushed, so that costs only a row.)
-        winner = cache.get(self._pointer_key)
-        if winner is None:
-            self._record_start(generation)
-            return generation
-        for key in keys:
-            cache.delete(key)
-        return winner
-
-    def _record_start(self, generation: int) -> None:
-        """Remember a generation this process started, for ``_retire``: only with a
-        private cache (a shared cache's generations outlive the process; flushes fold
-        them once dead), so a long-lived counter on a shared cache keeps no list."""
-        if not self._settings.cache.shared:
-            self._started.append((os.getpid(), generation))
-
-    def _schedule(self) -> None:
-        """Submit this interval's flush, once per process (and, through the executor's
-        deduplication, once in all) per interval; due when the interval ends."""
-        now = time.time()
-        number = int(now // self.interval)
-        if self._scheduled == (os.getpid(), number):
-            return
-        self._scheduled = (os.getpid(), number)
-        delay = (number + 1) * self.interval - now
-        failures = self._settings.failures
-        try:
-            self._executor.submit(
-                "flush",
-                {"name": self.name},
-                delay=delay,
-                dedupe=f"flush:{self.name}:{number}",
-                window=self.interval,
-            )
-        except ShardkitError as exc:
-            # The increment has counted: failing the call now would invite a doubled
-            # retry. The next increment tries again.
-            self._scheduled = None
-            url = self._executor.url
-            failures.failed(
-                _SCHEDULE, "%s could not schedule a flush of %r: %s", url, self.name, exc
-            )
-        else:
-            failures.worked(_SCHEDULE)
-
-    # -- flushes -----------------------------------------------------------------------
-
-    def flush(self) -> int:
-        """Move what is pending into the store now; return how much this call moved.
-
-        Safe at any time, from anywhere, concurrently with writers and other flushes.
-        Raises the counter's error (``CounterOverflow``, ``BackendError``) if it fails.
-        """
-        try:
-            return flush_counters(self._settings, [self.name]).get(self.name, 0)
-        except FlushFailed as exc:
-            raise exc.failed[self.name] from None
-
-    def _retire(self) -> None:
-        """Flush, then fold the generations this process started into the store's
-        ``RETIRED`` generation, so that a private (per-process) cache does not leave a
-        generation row per process behind. Only for a cache nobody else writes to, once
-        nothing else in the process flushes: ``Kit.close()`` calls it after closing the
-        executor. (A generation started before a fork is the parent's: a child leaves it.)"""
-        settings = self._settings
-        flush_counters(settings, [self.name])
-        recorded = settings.store.generations([self.name]).get(self.name, {})
-        pid = os.getpid()
-        for started_by, generation in self._started:
-            if started_by != pid:
-                continue
-            if generation in recorded:
-                settings.store.retire(self.name, generation, recorded[generation])
-            for key in self._keys(generation):
-                settings.cache.delete(key)
-        self._started.clear()
-        self._writing = None
-
-    # -- reads -------------------------------------------------------------------------
-
-    def parts(self) -> Parts:
-        """The stored and pending parts of the value: one store read, then one cache read
-        (in that order, so a flush between the two is never counted twice)."""
-        return read_parts(self._settings, [self.name])[self.name]
-
-    def value(self) -> int:
-        """The exact value now: stored plus pending."""
-        return self.parts().total
+    incr = blocking(BufferedCore._incr)
+    decr = blocking(BufferedCore._decr)
+    flush = blocking(BufferedCore._flush)
+    parts = blocking(BufferedCore._parts)
+    value = blocking(BufferedCore._value)
 
 
-def _keys(settings: CounterSettings, name: str, generation: int) -> tuple[str, str]:
+def _keys(options: Options, name: str, generation: int) -> tuple[str, str]:
     return (
-        settings.cache_key(name, f"buffered:{generation}:up"),
-        settings.cache_key(name, f"buffered:{generation}:down"),
+        options.cache_key(name, f"buffered:{generation}:up"),
+        options.cache_key(name, f"buffered:{generation}:down"),
     )
 
 
@@ -308,19 +340,19 @@ def _reading(applied: Flushed, keys: tuple[str, str], live: dict[str, int]) -> F
     return Flushed(max(applied.up, up), max(applied.down, down))
 
 
-def read_parts(settings: CounterSettings, names: Iterable[str]) -> dict[str, Parts]:
+def read_parts(options: Options, names: Iterable[str]) -> Program[dict[str, Parts]]:
     """The stored and pending parts of the buffered counters ``names`` (unknown names
     read 0): one store read, then one cache read, in that order, so a flush between the
     two is never counted twice."""
     wanted = list(dict.fromkeys(names))
-    recorded = settings.store.generations(wanted)
+    recorded = yield from call(Store.generations, wanted)
     keys = {
-        (name, generation): _keys(settings, name, generation)
+        (name, generation): _keys(options, name, generation)
         for name, generations in recorded.items()
         for generation in generations
         if generation != RETIRED
     }
-    live = settings.cache.get_many([key for pair in keys.values() for key in pair])
+    live = yield from call(Cache.get_many, [key for pair in keys.values() for key in pair])
     parts = dict.fromkeys(wanted, Parts(0, 0))
     for name, generations in recorded.items():
         stored = pending = 0
@@ -332,7 +364,7 @@ def read_parts(settings: CounterSettings, names: Iterable[str]) -> dict[str, Par
     return parts
 
 
-def flush_counters(settings: CounterSettings, names: Iterable[str]) -> dict[str, int]:
+def flush_counters(options: Options, names: Iterable[str]) -> Program[dict[str, int]]:
     """Flush the buffered counters ``names``: for each generation, advance the store's
     record to the cache's sums. Returns the amount moved per counter that moved.
 
@@ -343,27 +375,26 @@ def flush_counters(settings: CounterSettings, names: Iterable[str]) -> dict[str,
     Idempotent and safe to run concurrently: each advance is a compare-and-set that is
     retried against the newer record when another flush got there first.
     """
-    store, cache = settings.store, settings.cache
     moved: dict[str, int] = {}
     failed: dict[str, ShardkitError] = {}
     wanted = list(dict.fromkeys(names))
     for start in range(0, len(wanted), _BATCH):
         batch = wanted[start : start + _BATCH]
         try:
-            recorded = store.generations(batch)
+            recorded = yield from call(Store.generations, batch)
             keys = {
-                (name, generation): _keys(settings, name, generation)
+                (name, generation): _keys(options, name, generation)
                 for name, generations in recorded.items()
                 for generation in generations
                 if generation != RETIRED
             }
-            live = cache.get_many([key for pair in keys.values() for key in pair])
+            live = yield from call(Cache.get_many, [key for pair in keys.values() for key in pair])
         except ShardkitError as exc:
             failed.update(dict.fromkeys(batch, exc))
             continue
         for name, generations in recorded.items():
             try:
-                _flush_one(settings, name, generations, live, moved)
+                yield from _flush_one(options, name, generations, live, moved)
             except ShardkitError as exc:
                 failed[name] = exc
     if failed:
@@ -372,23 +403,22 @@ def flush_counters(settings: CounterSettings, names: Iterable[str]) -> dict[str,
 
 
 def _flush_one(
-    settings: CounterSettings,
+    options: Options,
     name: str,
     generations: dict[int, Flushed],
     live: dict[str, int],
     moved: dict[str, int],
-) -> None:
+) -> Program[None]:
     """Advance the records of counter ``name``'s ``generations`` to the ``live`` sums,
     adding what moved to ``moved[name]``; refuse (``CounterOverflow``) an advance that
     would take its stored value outside signed 64-bit. Then, with a shared cache, fold
     its dead generations that are old enough (see the module docstring)."""
-    store = settings.store
     stored = sum(applied.net for applied in generations.values())
     dead: list[int] = []
     for generation, recorded in generations.items():
         if generation == RETIRED:
             continue
-        pair = _keys(settings, name, generation)
+        pair = _keys(options, name, generation)
         if all(live.get(key, 0) < _BASE for key in pair):
             dead.append(generation)
         applied: Flushed | None = recorded
@@ -399,30 +429,31 @@ def _flush_one(
                     f"flushing counter {name!r} would take its stored value outside signed "
                     "64-bit; its pending increments stay in the cache"
                 )
-            if store.advance(name, generation, applied, reading):
+            if (yield from call(Store.advance, name, generation, applied, reading)):
                 stored += reading.net - applied.net
                 moved[name] = moved.get(name, 0) + reading.net - applied.net
                 break
             # Another flush advanced the record (go on from what it applied), or folded
             # the generation (its keys were gone: nothing is left to apply).
-            newer = store.generations([name]).get(name, {}).get(generation)
+            newer_records = yield from call(Store.generations, [name])
+            newer = newer_records.get(name, {}).get(generation)
             if newer is not None:
                 stored += newer.net - applied.net
                 reading = Flushed(max(newer.up, reading.up), max(newer.down, reading.down))
             applied = newer
-    if dead and settings.cache.shared:
-        _fold(settings, name, dead, generations)
+    if dead and options.shared_cache:
+        yield from _fold(options, name, dead, generations)
 
 
 def _fold(
-    settings: CounterSettings, name: str, dead: list[int], recorded: dict[int, Flushed]
-) -> None:
+    options: Options, name: str, dead: list[int], recorded: dict[int, Flushed]
+) -> Program[None]:
     """Fold the generations ``dead`` of counter ``name`` (both keys read below the offset)
     that were recorded ``fold_after`` seconds ago or earlier into ``RETIRED`` (see the
     module docstring). A generation a flush has advanced since ``recorded`` is left for a
     later flush."""
-    store = settings.store
-    before = time.time() - settings.fold_after
-    for generation, at in store.recorded_at(name, dead).items():
+    before = time.time() - options.fold_after
+    recorded_at = yield from call(Store.recorded_at, name, dead)
+    for generation, at in recorded_at.items():
         if at <= before:
-            store.retire(name, generation, recorded[generation])
+            yield from call(Store.retire, name, generation, recorded[generation])
