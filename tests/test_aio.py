@@ -380,3 +380,71 @@ def test_closing_flushes_what_is_pending(store_url: str, aio_cache_url: str, nam
     with_kit(store_url, aio_cache_url, work)
     with Target(store_url, "memory://").connect() as kit:
         assert kit.store.total(name) == 40
+
+
+# -- monotonic counters and id allocators -------------------------------------------------
+
+
+def test_ids_from_sync_and_async_processes_never_repeat(
+    store_url: str, aio_cache_url: str, name: str
+) -> None:
+    """Coroutines of an async kit and a thread of a sync kit take ids from one allocator,
+    small blocks used up again and again: no id twice."""
+    target = Target(store_url, aio_cache_url)
+    synced: list[int] = []
+
+    def sync_taker() -> None:
+        with target.connect() as kit:
+            synced.extend(kit.ids(name, block=7).take(300))
+
+    async def work(kit: shardkit.aio.AsyncKit) -> list[int]:
+        ids = await kit.ids(name, block=7)
+        thread = threading.Thread(target=sync_taker)
+        thread.start()
+        batches = await asyncio.gather(*(ids.take(10) for _ in range(30)))
+        await asyncio.to_thread(thread.join)
+        for batch in batches:
+            assert batch == sorted(batch)
+        assert await ids.reserved() >= max(max(batch) for batch in batches)
+        return [i for batch in batches for i in batch]
+
+    taken = with_kit(store_url, aio_cache_url, work)
+    assert len(synced) == 300
+    assert len(set(taken) | set(synced)) == len(taken) + len(synced) == 600
+
+
+def test_cancelled_id_takers_leave_no_lock_held_and_no_id_twice(
+    store_url: str, aio_cache_url: str, name: str
+) -> None:
+    """Takers cancelled at random moments, some while one of them moves the allocator to
+    a new block: the ids the others got are distinct, and the allocator goes on."""
+
+    async def work(kit: shardkit.aio.AsyncKit) -> list[int]:
+        ids = await kit.ids(name, block=5)
+        loop = asyncio.get_running_loop()
+        moments = random.Random(3)
+        tasks = []
+        for _ in range(400):
+            task = asyncio.create_task(ids.next())
+            loop.call_later(moments.uniform(0, 0.01), task.cancel)
+            tasks.append(task)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        got = [task.result() for task in tasks if not task.cancelled()]
+        return got + await asyncio.wait_for(ids.take(50), 30)
+
+    taken = with_kit(store_url, aio_cache_url, work)
+    assert len(taken) == len(set(taken)) >= 50
+
+
+def test_monotonic_values_from_coroutines_are_distinct_and_persisted(
+    store_url: str, aio_cache_url: str, name: str
+) -> None:
+    async def work(kit: shardkit.aio.AsyncKit) -> tuple[list[int], int, int]:
+        pages = await kit.monotonic(name, shards=4, chance_to_write=0.5)
+        values = await asyncio.gather(*(pages.incr() for _ in range(200)))
+        await pages.checkpoint()
+        return values, await pages.value(), await pages.persisted()
+
+    values, value, persisted = with_kit(store_url, aio_cache_url, work)
+    assert sorted(values) == list(range(1, 201))
+    assert value == persisted == 200

@@ -21,6 +21,7 @@ from conftest import (
     store_url_for,
     wait_for,
 )
+from shardkit._program import Program
 from shardkit.errors import CounterKindMismatch, InvalidDelta, InvalidShardCount, ValidationError
 
 
@@ -78,8 +79,8 @@ def test_an_eviction_between_populate_and_increment_is_retried(
     populate = hits._populate
     evictions = itertools.count()
 
-    def populate_then_lose_it() -> None:
-        populate()
+    def populate_then_lose_it() -> Program[None]:
+        yield from populate()
         if next(evictions) == 0:
             kit.cache.delete(key)
 

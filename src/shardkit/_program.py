@@ -4,7 +4,9 @@ A counter's or a store's logic is a *program*: a generator that yields ``Call``s
 method ``name`` of the backend playing ``role``, with these arguments" — and is sent
 each call's result (or has its error thrown in). It never does I/O itself. A runner
 carries the calls out: ``run`` on blocking backends, ``arun`` on asyncio ones (awaiting
-what they return). ``blocking`` and ``awaitable`` turn a class's programs into the
+what they return). A call interrupted by a ``BaseException`` (a cancelled task, a
+``KeyboardInterrupt``) closes the program at once, so its ``finally`` blocks run then
+(they must not call anything), and the interruption goes on to the caller. ``blocking`` and ``awaitable`` turn a class's programs into the
 methods of its sync and async forms, so the rules live in one place and a fix lands in
 both::
 
@@ -88,6 +90,9 @@ def run(program: Program[R], roles: Mapping[str, Any]) -> R:
             value = getattr(roles[step.role], step.name)(*step.args, **step.kwargs)
         except Exception as exc:
             error = exc
+        except BaseException:  # interrupted: the program's ``finally`` blocks run now
+            program.close()
+            raise
 
 
 async def arun(program: Program[R], roles: Mapping[str, Any]) -> R:
@@ -108,6 +113,9 @@ async def arun(program: Program[R], roles: Mapping[str, Any]) -> R:
                 value = await value
         except Exception as exc:
             error = exc
+        except BaseException:  # cancelled: the program's ``finally`` blocks run now
+            program.close()
+            raise
 
 
 class Driven(Protocol):

@@ -25,6 +25,8 @@ from shardkit.counters import (
 from shardkit.counters.adjuster import Adjuster
 from shardkit.counters.base import Options, best_effort, log
 from shardkit.counters.buffered import BufferedCore, Parts, flush_counters, read_parts
+from shardkit.counters.ids import IdCore
+from shardkit.counters.monotonic import MonotonicCore
 from shardkit.counters.sharded import ShardedCore
 from shardkit.errors import ConfigurationError, CounterKindMismatch, CounterNotFound, ShardkitError
 from shardkit.executor import Executor, LocalExecutor, Marks
@@ -64,6 +66,8 @@ _K = TypeVar("_K", bound=_Named)  # the counters a kit keeps open
 _C = TypeVar("_C", bound=_Named)
 _S = TypeVar("_S", bound=ShardedCore)
 _B = TypeVar("_B", bound=BufferedCore)
+_M = TypeVar("_M", bound=MonotonicCore)
+_I = TypeVar("_I", bound=IdCore)
 
 
 class KitCore(Generic[_K]):
@@ -141,16 +145,65 @@ class KitCore(Generic[_K]):
     def _save_counters(self) -> Program[None]:
         """With a private cache, whose contents die with the process, flush the buffered
         counters opened lately, folding their generations into one row (see
-        ``BufferedCore._retire``); a failure is logged, and the others are saved."""
+        ``BufferedCore._retire``), and persist the monotonic counters' values; a failure
+        is logged, and the others are saved."""
         if self._options.shared_cache:
             return
         with self._lock:
-            counters = [c for c in self._counters.values() if isinstance(c, BufferedCore)]
+            counters = list(self._counters.values())
         for counter in counters:
             try:
-                yield from counter._retire()
+                if isinstance(counter, BufferedCore):
+                    yield from counter._retire()
+                elif isinstance(counter, MonotonicCore):
+                    yield from counter._checkpoint()
             except ShardkitError as exc:
                 log.warning("could not save counter %r at close: %s", counter.name, exc)
+
+    def _open_monotonic(
+        self,
+        name: str,
+        shards: int | None,
+        chance_to_write: float,
+        random: Callable[[], float] | None,
+        kind: type[_M],
+        new: Callable[[CounterInfo, float, Callable[[], float]], _M],
+    ) -> Program[_M]:
+        """The monotonic counter ``name`` (of class ``kind``, made by ``new``): see
+        ``Kit.monotonic``."""
+        check_name(name)
+        if shards is not None:
+            check_shards(shards, self._options.max_shards)
+        chance = check_chance(chance_to_write)
+        counter = self._opened(name, kind)
+        if (
+            counter is not None
+            and (shards is None or shards <= counter.shards)
+            and counter.chance_to_write == chance
+            and random is None
+        ):
+            return counter
+        info = yield from call(
+            Store.open_counter,
+            name,
+            MonotonicCore.kind,
+            shards or DEFAULT_SHARDS,
+            grow=shards is not None,
+        )
+        return self._keep(new(info, chance, random or self._options.random))
+
+    def _open_ids(
+        self, name: str, block: int, kind: type[_I], new: Callable[[CounterInfo, int], _I]
+    ) -> Program[_I]:
+        """The id allocator ``name`` (of class ``kind``, made by ``new``): see
+        ``Kit.ids``."""
+        check_name(name)
+        block = check_block(block)
+        counter = self._opened(name, kind)
+        if counter is not None and counter.block == block:
+            return counter
+        info = yield from call(Store.open_counter, name, IdCore.kind, 1, grow=False)
+        return self._keep(new(info, block))
 
     def _counters_in_store(self) -> Program[list[CounterInfo]]:
         """Every counter in the store, ordered by name."""
@@ -285,15 +338,6 @@ class Kit(KitCore[Counter]):
         self.executor.close()
         self._settings.adjuster.close()
         run(self._save_counters(), self.roles)
-        if not self.cache.shared:
-            with self._lock:
-                counters = list(self._counters.values())
-            for counter in counters:
-                if isinstance(counter, MonotonicCounter):
-                    try:
-                        counter.checkpoint()
-                    except ShardkitError as exc:
-                        log.warning("could not save counter %r at close: %s", counter.name, exc)
         self.store.close()
         self.cache.close()
 
@@ -330,35 +374,23 @@ class Kit(KitCore[Counter]):
         shards (default 20; grown like a sharded counter's). ``chance_to_write`` is the
         probability that an increment persists its value; ``random`` (default
         ``random.random``) may be injected for tests. Not for ids: see ``ids``."""
-        check_name(name)
-        if shards is not None:
-            check_shards(shards, self._settings.max_shards)
-        chance = check_chance(chance_to_write)
-        counter = self._opened(name, MonotonicCounter)
-        if (
-            counter is not None
-            and (shards is None or shards <= counter.shards)
-            and counter.chance_to_write == chance
-            and random is None
-        ):
-            return counter
-        info = self.store.open_counter(
-            name, MonotonicCounter.kind, shards or DEFAULT_SHARDS, grow=shards is not None
+        opening = self._open_monotonic(
+            name,
+            shards,
+            chance_to_write,
+            random,
+            MonotonicCounter,
+            lambda info, chance, draw: MonotonicCounter(info, self._settings, chance, draw),
         )
-        return self._keep(
-            MonotonicCounter(info, self._settings, chance, random or self._settings.random)
-        )
+        return run(opening, self.roles)
 
     def ids(self, name: str, block: int = 1000) -> IdAllocator:
         """The id allocator ``name``: unique ids, reserved from the store ``block`` at a
         time (a setting of this process; processes may use their own)."""
-        check_name(name)
-        block = check_block(block)
-        counter = self._opened(name, IdAllocator)
-        if counter is not None and counter.block == block:
-            return counter
-        info = self.store.open_counter(name, IdAllocator.kind, 1, grow=False)
-        return self._keep(IdAllocator(info, self._settings, block))
+        opening = self._open_ids(
+            name, block, IdAllocator, lambda info, size: IdAllocator(info, self._settings, size)
+        )
+        return run(opening, self.roles)
 
     def get(self, name: str) -> Counter:
         """The existing counter ``name``, of whatever kind it is; raises

@@ -17,6 +17,7 @@ threads do in the sync kit. A kit belongs to the event loop it was opened on.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import types
 from collections.abc import Awaitable, Callable, Generator, Sequence
@@ -31,6 +32,8 @@ from shardkit.cache.memory import MemoryCache
 from shardkit.counters.adjuster import AsyncAdjuster
 from shardkit.counters.base import Options
 from shardkit.counters.buffered import BufferedCore, Sides, flush_counters
+from shardkit.counters.ids import IdCore
+from shardkit.counters.monotonic import MonotonicCore
 from shardkit.counters.sharded import ShardedCore, Write
 from shardkit.errors import ConfigurationError, ShardkitError
 from shardkit.kit import DEFAULT_CACHE, DEFAULT_INTERVAL, DEFAULT_STORE, KitCore
@@ -119,7 +122,39 @@ class AsyncBufferedCounter(BufferedCore):
     value = awaitable(BufferedCore._value)
 
 
-AsyncCounter = AsyncShardedCounter | AsyncBufferedCounter
+class AsyncMonotonicCounter(MonotonicCore):
+    """``shardkit.MonotonicCounter``, awaited: the same guarantees, on the same keys."""
+
+    def __init__(
+        self,
+        info: CounterInfo,
+        settings: AsyncSettings,
+        chance_to_write: float,
+        random: Callable[[], float],
+    ) -> None:
+        super().__init__(info, settings, chance_to_write, random)
+        self.roles = settings.roles
+
+    incr = awaitable(MonotonicCore._incr)
+    checkpoint = awaitable(MonotonicCore._checkpoint)
+    value = awaitable(MonotonicCore._value)
+    persisted = awaitable(MonotonicCore._persisted)
+
+
+class AsyncIdAllocator(IdCore):
+    """``shardkit.IdAllocator``, awaited: ids never handed out twice, from the same
+    blocks as the sync kit's (sync and async processes share the allocator)."""
+
+    def __init__(self, info: CounterInfo, settings: AsyncSettings, block: int) -> None:
+        super().__init__(info, settings, block)
+        self.roles = {**settings.roles, "Guard": asyncio.Lock(), "Clock": asyncio}
+
+    next = awaitable(IdCore._next)
+    take = awaitable(IdCore._take)
+    reserved = awaitable(IdCore._reserved)
+
+
+AsyncCounter = AsyncShardedCounter | AsyncBufferedCounter | AsyncMonotonicCounter | AsyncIdAllocator
 
 
 class AsyncKit(KitCore[AsyncCounter]):
@@ -192,6 +227,35 @@ class AsyncKit(KitCore[AsyncCounter]):
             interval,
             AsyncBufferedCounter,
             lambda info, every: AsyncBufferedCounter(info, self._settings, self.executor, every),
+        )
+        return await arun(opening, self.roles)
+
+    async def monotonic(
+        self,
+        name: str,
+        shards: int | None = None,
+        chance_to_write: float = 0.1,
+        *,
+        random: Callable[[], float] | None = None,
+    ) -> AsyncMonotonicCounter:
+        """The monotonic counter ``name``: see ``Kit.monotonic``."""
+        opening = self._open_monotonic(
+            name,
+            shards,
+            chance_to_write,
+            random,
+            AsyncMonotonicCounter,
+            lambda info, chance, draw: AsyncMonotonicCounter(info, self._settings, chance, draw),
+        )
+        return await arun(opening, self.roles)
+
+    async def ids(self, name: str, block: int = 1000) -> AsyncIdAllocator:
+        """The id allocator ``name``: see ``Kit.ids``."""
+        opening = self._open_ids(
+            name,
+            block,
+            AsyncIdAllocator,
+            lambda info, size: AsyncIdAllocator(info, self._settings, size),
         )
         return await arun(opening, self.roles)
 
@@ -293,7 +357,9 @@ def _open_cache(target: Any) -> Any:
 
 __all__ = [
     "AsyncBufferedCounter",
+    "AsyncIdAllocator",
     "AsyncKit",
+    "AsyncMonotonicCounter",
     "AsyncSettings",
     "AsyncShardedCounter",
     "LoopExecutor",

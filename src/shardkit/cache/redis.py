@@ -65,6 +65,9 @@ class _Script:
         self.sha = hashlib.sha1(source.encode()).hexdigest()
 
 
+# The connections an async cache opened by URL keeps at most (redis-py's default).
+_POOL = 100
+
 _INCR = _Script(_INCR_IF_EXISTS)
 _INCR_MANY = _Script(_INCR_MANY_IF_EXIST)
 
@@ -181,10 +184,14 @@ class AsyncRedisCache(RedisCore):
 
     @classmethod
     def from_url(cls, url: str) -> AsyncRedisCache:
+        """A cache on its own client, whose pool makes a coroutine wait for one of its
+        ``_POOL`` connections rather than fail when all are busy (many coroutines of one
+        process may send commands at once)."""
         _redis_module()
         import redis.asyncio
 
-        return cls(_client(redis.asyncio.Redis, url), url=url, owns_client=True)
+        pool = _client(redis.asyncio.BlockingConnectionPool, url, max_connections=_POOL)
+        return cls(redis.asyncio.Redis.from_pool(pool), url=url, owns_client=True)
 
     get = awaitable(RedisCore._get)
     get_many = awaitable(RedisCore._get_many)
@@ -199,11 +206,11 @@ class AsyncRedisCache(RedisCore):
             await self._client.aclose()
 
 
-def _client(kind: Any, url: str) -> Any:
-    """A client of class ``kind`` (sync or asyncio) for a cache URL."""
+def _client(kind: Any, url: str, **options: Any) -> Any:
+    """A client (or pool) of class ``kind`` (sync or asyncio) for a cache URL."""
     _urls.split(url, "cache")
     try:
-        return kind.from_url(url, socket_connect_timeout=5)
+        return kind.from_url(url, socket_connect_timeout=5, **options)
     except (ValueError, TypeError) as exc:
         detail = _urls.scrub(str(exc), urlsplit(url).password)
         raise ConfigurationError(f"bad cache URL {_urls.redact(url)!r}: {detail}") from None

@@ -24,10 +24,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Mapping
+from typing import Any, Protocol
 
-from shardkit.counters.base import CounterSettings
+from shardkit._program import Program, blocking, call
+from shardkit.cache.base import Cache
+from shardkit.counters.base import CounterSettings, Options
 from shardkit.errors import BackendError
-from shardkit.store.base import CounterInfo
+from shardkit.store.base import CounterInfo, Store
 from shardkit.validation import check_block, check_count
 
 # Blocks whose key the cache lost at once, or failed to increment, before giving up.
@@ -37,45 +41,53 @@ _ATTEMPTS = 5
 _CLAIM_WAIT = 5.0
 
 
-class IdAllocator:
-    """Hands out unique ids (ints ≥ 1), increasing in every process.
+class Guard(Protocol):
+    """The role of the lock that lets one writer of a process at a time leave a
+    generation (a ``threading.Lock``, or an ``asyncio.Lock``)."""
 
-    Guarantees: no id is ever handed out twice — across processes, machines, cache loss
-    and process death — because every id comes from a block reserved in the store
-    before any of its ids is handed out. Ids increase within a process, and across
-    processes when they share a cache. Holes are allowed. Thread-safe.
-    """
+    def acquire(self) -> Any: ...
+    def release(self) -> None: ...
+
+
+class Clock(Protocol):
+    """The role that waits (the ``time`` module, or ``asyncio``)."""
+
+    def sleep(self, seconds: float) -> Any: ...
+
+
+class IdCore:
+    """The id allocator's rules, for its sync and async forms (see ``IdAllocator``); its
+    programs run on the roles ``Store``, ``Cache``, ``Guard`` and ``Clock``."""
 
     kind = "ids"
+    roles: Mapping[str, Any]
 
-    def __init__(self, info: CounterInfo, settings: CounterSettings, block: int) -> None:
+    def __init__(self, info: CounterInfo, options: Options, block: int) -> None:
         self.name = info.name
         self.block = check_block(block)
-        self._settings = settings
-        self._pointer_key = settings.cache_key(self.name, "ids:generation")
-        self._lock = threading.Lock()
+        self._options = options
+        self._pointer_key = options.cache_key(self.name, "ids:generation")
         self._mark = 0  # the generation written to: its block ends at this id
         self._key = ""
 
     def __repr__(self) -> str:
-        return f"<IdAllocator {self.name!r} block={self.block}>"
+        return f"<{type(self).__name__} {self.name!r} block={self.block}>"
 
     def _key_of(self, mark: int) -> str:
-        return self._settings.cache_key(self.name, f"ids:{mark}")
+        return self._options.cache_key(self.name, f"ids:{mark}")
 
-    def next(self) -> int:
+    def _next(self) -> Program[int]:
         """A new id: one cache round trip, plus one store round trip per block used.
 
         A block whose key the cache fails to increment is left behind, as if lost (its
         unused ids become a hole). (memcached's refusals of a key holding a number are
         repaired by the cache itself; this is for a cache that gives up.)"""
-        cache = self._settings.cache
         losses = refusals = 0
         while True:
             mark, key = self._mark, self._key
             if mark:
                 try:
-                    candidate = cache.incr(key, 1)
+                    candidate = yield from call(Cache.incr, key, 1)
                 except BackendError:
                     refusals += 1
                     if refusals == _ATTEMPTS:
@@ -84,79 +96,103 @@ class IdAllocator:
                 if candidate is not None and candidate <= mark:
                     return candidate
             # Used up (by this and other writers), lost, or none yet: move on.
-            if self._move_on(mark):
+            if (yield from self._move_on(mark)):
                 losses += 1
                 if losses == _ATTEMPTS:
-                    raise BackendError(f"cache {cache.url} kept losing the ids of {self.name!r}")
+                    raise BackendError(f"the cache kept losing the ids of {self.name!r}")
 
-    def take(self, count: int) -> list[int]:
+    def _take(self, count: int) -> Program[list[int]]:
         """``count`` (1 … 1,000,000) new ids, in increasing order."""
-        return [self.next() for _ in range(check_count(count))]
+        ids = []
+        for _ in range(check_count(count)):
+            ids.append((yield from self._next()))
+        return ids
 
-    def _move_on(self, spent: int) -> bool:
+    def _move_on(self, spent: int) -> Program[bool]:
         """Leave generation ``spent``: adopt a newer one that the cache points at, or
         start one. Of the writers leaving ``spent`` one claims the next block (through
         the cache) and the others wait for it, so a shared block is replaced once.
         Returns whether this call had to start a generation because ``spent`` had lost
         its key while current."""
-        with self._lock:
-            if self._mark != spent:  # another thread moved on meanwhile
-                return False
-            cache = self._settings.cache
-            pointer = cache.get(self._pointer_key)
-            if pointer is not None and pointer > spent:
-                self._adopt(pointer)
-                return False
-            claim = self._settings.cache_key(self.name, f"ids:claim:{spent}")
-            if not cache.add(claim, 1, _CLAIM_WAIT * 2):
-                newer = self._wait_for_newer(spent, claim)
-                if newer is not None:
-                    self._adopt(newer)
-                    return False
-            lost = bool(spent) and cache.get(self._key_of(spent)) is None
-            try:
-                self._start()
-            except BackendError:
-                # No block is coming from this claim (the store is down, most likely):
-                # release it, so that the others try for themselves instead of waiting.
-                with contextlib.suppress(BackendError):
-                    cache.delete(claim)
-                raise
-            if spent:
-                cache.delete(self._key_of(spent))  # used up or lost: nobody needs it
-            return lost
+        yield from call(Guard.acquire)
+        try:
+            return (yield from self._leave(spent))
+        finally:
+            self.roles["Guard"].release()
 
-    def _wait_for_newer(self, spent: int, claim: str) -> int | None:
+    def _leave(self, spent: int) -> Program[bool]:
+        if self._mark != spent:  # another writer moved on meanwhile
+            return False
+        pointer = yield from call(Cache.get, self._pointer_key)
+        if pointer is not None and pointer > spent:
+            self._adopt(pointer)
+            return False
+        claim = self._options.cache_key(self.name, f"ids:claim:{spent}")
+        if not (yield from call(Cache.add, claim, 1, _CLAIM_WAIT * 2)):
+            newer = yield from self._wait_for_newer(spent, claim)
+            if newer is not None:
+                self._adopt(newer)
+                return False
+        lost = bool(spent) and (yield from call(Cache.get, self._key_of(spent))) is None
+        try:
+            yield from self._start()
+        except BackendError:
+            # No block is coming from this claim (the store is down, most likely):
+            # release it, so that the others try for themselves instead of waiting.
+            with contextlib.suppress(BackendError):
+                yield from call(Cache.delete, claim)
+            raise
+        if spent:
+            yield from call(Cache.delete, self._key_of(spent))  # used up or lost
+        return lost
+
+    def _wait_for_newer(self, spent: int, claim: str) -> Program[int | None]:
         """The generation after ``spent`` once the holder of ``claim`` publishes it; None
         if it releases the claim without one, or if none shows within ``_CLAIM_WAIT``
         seconds."""
-        cache = self._settings.cache
         deadline = time.monotonic() + _CLAIM_WAIT
         pause = 0.0005
         while time.monotonic() < deadline:
-            found = cache.get_many([self._pointer_key, claim])
+            found = yield from call(Cache.get_many, [self._pointer_key, claim])
             pointer = found.get(self._pointer_key)
             if pointer is not None and pointer > spent:
                 return pointer
             if claim not in found:
                 return None
-            time.sleep(pause)
+            yield from call(Clock.sleep, pause)
             pause = min(pause * 2, 0.05)
         return None
 
-    def _start(self) -> None:
+    def _start(self) -> Program[None]:
         """Reserve a block in the store and publish its generation in the cache."""
-        cache = self._settings.cache
-        mark = self._settings.store.reserve(self.name, self.block)
-        cache.add(self._key_of(mark), mark - self.block, None)
-        cache.delete(self._pointer_key)
-        cache.add(self._pointer_key, mark, None)
+        mark = yield from call(Store.reserve, self.name, self.block)
+        yield from call(Cache.add, self._key_of(mark), mark - self.block, None)
+        yield from call(Cache.delete, self._pointer_key)
+        yield from call(Cache.add, self._pointer_key, mark, None)
         self._adopt(mark)
 
     def _adopt(self, mark: int) -> None:
         self._key = self._key_of(mark)
         self._mark = mark
 
-    def reserved(self) -> int:
+    def _reserved(self) -> Program[int]:
         """The high-water mark: every id handed out so far is at most this."""
-        return self._settings.store.total(self.name)
+        return (yield from call(Store.total, self.name))
+
+
+class IdAllocator(IdCore):
+    """Hands out unique ids (ints ≥ 1), increasing in every process.
+
+    Guarantees: no id is ever handed out twice — across processes, machines, cache loss
+    and process death — because every id comes from a block reserved in the store
+    before any of its ids is handed out. Ids increase within a process, and across
+    processes when they share a cache. Holes are allowed. Thread-safe.
+    """
+
+    def __init__(self, info: CounterInfo, settings: CounterSettings, block: int) -> None:
+        super().__init__(info, settings, block)
+        self.roles = {**settings.roles, "Guard": threading.Lock(), "Clock": time}
+
+    next = blocking(IdCore._next)
+    take = blocking(IdCore._take)
+    reserved = blocking(IdCore._reserved)

@@ -9,11 +9,14 @@ allocator (``Kit.ids``) is the safe alternative.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from shardkit.counters.base import CounterSettings
+from shardkit._program import Program, blocking, call
+from shardkit.cache.base import Cache
+from shardkit.counters.base import CounterSettings, Options, best_effort
 from shardkit.errors import BackendError, CounterOverflow, InvalidDelta
-from shardkit.store.base import CounterInfo
+from shardkit.store.base import CounterInfo, Store
 from shardkit.validation import INT64_MAX, check_chance
 
 # A cache that loses the key again and again between a populate and the increment
@@ -21,7 +24,88 @@ from shardkit.validation import INT64_MAX, check_chance
 _ATTEMPTS = 5
 
 
-class MonotonicCounter:
+class MonotonicCore:
+    """The monotonic counter's rules, for its sync and async forms (see
+    ``MonotonicCounter``); its programs run on the roles ``Store`` and ``Cache``."""
+
+    kind = "monotonic"
+    roles: Mapping[str, Any]
+
+    def __init__(
+        self,
+        info: CounterInfo,
+        options: Options,
+        chance_to_write: float,
+        random: Callable[[], float],
+    ) -> None:
+        self.name = info.name
+        self.shards = info.shards
+        self.chance_to_write = check_chance(chance_to_write)
+        self._options = options
+        self._random = random
+        self._key = options.cache_key(self.name, "monotonic:value")
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} {self.name!r} shards={self.shards} "
+            f"chance_to_write={self.chance_to_write}>"
+        )
+
+    def _incr(self, delta: int = 1) -> Program[int]:
+        """Add ``delta`` (an int ≥ 1) and return the new value. An increment that would
+        take the value past 2**63 - 1 raises ``CounterOverflow`` and counts nothing.
+
+        A call that raises ``BackendError`` may or may not have counted.
+        """
+        if isinstance(delta, bool) or not isinstance(delta, int) or not 1 <= delta <= INT64_MAX:
+            raise InvalidDelta(f"a monotonic counter takes deltas ≥ 1, not {delta!r}")
+        for _ in range(_ATTEMPTS):
+            value = yield from call(Cache.incr, self._key, delta)
+            if value is not None:
+                break
+            yield from self._populate()  # evicted (or never populated): populate, retry
+        else:
+            raise BackendError(f"the cache kept losing counter {self.name!r}")
+        if value > INT64_MAX:  # past what the store holds (Redis refuses it by itself)
+            yield from call(Cache.incr, self._key, -delta)
+            raise CounterOverflow(f"counter {self.name!r} would pass signed 64-bit; not counted")
+        if self._random() < self.chance_to_write:
+            # The value is handed out whatever happens to this write: failing the call
+            # would only hide a value that the cache has already moved past.
+            persisting = call(Store.raise_max, self.name, self._random_shard(), value)
+            yield from best_effort(self._options, "persisting a maximum", persisting)
+        return value
+
+    def _populate(self) -> Program[None]:
+        """Put the persisted maximum in the cache unless a value is there already."""
+        persisted = yield from self._persisted()
+        yield from call(Cache.add, self._key, persisted, None)
+
+    def _checkpoint(self) -> Program[None]:
+        """Persist the current cached value now (e.g. before a planned cache restart, or
+        as closing the kit does for a private, per-process cache)."""
+        cached = yield from call(Cache.get, self._key)
+        if cached is not None:
+            yield from call(Store.raise_max, self.name, self._random_shard(), cached)
+
+    def _random_shard(self) -> int:
+        return min(int(self._random() * self.shards), self.shards - 1)
+
+    def _value(self) -> Program[int]:
+        """The current value: the cache's, populating it from the store if needed."""
+        cached = yield from call(Cache.get, self._key)
+        if cached is None:
+            yield from self._populate()
+            cached = yield from call(Cache.get, self._key)
+        return (yield from self._persisted()) if cached is None else cached
+
+    def _persisted(self) -> Program[int]:
+        """The highest value persisted in the store."""
+        maxima = yield from call(Store.maxima, [self.name])
+        return maxima[self.name]
+
+
+class MonotonicCounter(MonotonicCore):
     """A counter whose value lives in the cache and only grows while the cache keeps it.
 
     Guarantees:
@@ -38,8 +122,6 @@ class MonotonicCounter:
     Thread-safe; usable in a forked child.
     """
 
-    kind = "monotonic"
-
     def __init__(
         self,
         info: CounterInfo,
@@ -47,71 +129,10 @@ class MonotonicCounter:
         chance_to_write: float,
         random: Callable[[], float],
     ) -> None:
-        self.name = info.name
-        self.shards = info.shards
-        self.chance_to_write = check_chance(chance_to_write)
-        self._settings = settings
-        self._random = random
-        self._key = settings.cache_key(self.name, "monotonic:value")
+        super().__init__(info, settings, chance_to_write, random)
+        self.roles = settings.roles
 
-    def __repr__(self) -> str:
-        return (
-            f"<MonotonicCounter {self.name!r} shards={self.shards} "
-            f"chance_to_write={self.chance_to_write}>"
-        )
-
-    def incr(self, delta: int = 1) -> int:
-        """Add ``delta`` (an int ≥ 1) and return the new value. An increment that would
-        take the value past 2**63 - 1 raises ``CounterOverflow`` and counts nothing.
-
-        A call that raises ``BackendError`` may or may not have counted.
-        """
-        if isinstance(delta, bool) or not isinstance(delta, int) or not 1 <= delta <= INT64_MAX:
-            raise InvalidDelta(f"a monotonic counter takes deltas ≥ 1, not {delta!r}")
-        settings = self._settings
-        for _ in range(_ATTEMPTS):
-            value = settings.cache.incr(self._key, delta)
-            if value is not None:
-                break
-            self._populate()  # evicted since (or never populated): populate, then retry
-        else:
-            raise BackendError(f"cache {settings.cache.url} kept losing counter {self.name!r}")
-        if value > INT64_MAX:  # past what the store holds (Redis refuses it by itself)
-            settings.cache.incr(self._key, -delta)
-            raise CounterOverflow(f"counter {self.name!r} would pass signed 64-bit; not counted")
-        if self._random() < self.chance_to_write:
-            shard = self._random_shard()
-            # The value is handed out whatever happens to this write: failing the call
-            # would only hide a value that the cache has already moved past.
-            settings.best_effort(
-                "persisting a maximum",
-                lambda: settings.store.raise_max(self.name, shard, value),
-            )
-        return value
-
-    def _populate(self) -> None:
-        """Put the persisted maximum in the cache unless a value is there already."""
-        self._settings.cache.add(self._key, self.persisted(), None)
-
-    def checkpoint(self) -> None:
-        """Persist the current cached value now (e.g. before a planned cache restart, or
-        as ``Kit.close()`` does for a private, per-process cache)."""
-        cached = self._settings.cache.get(self._key)
-        if cached is not None:
-            self._settings.store.raise_max(self.name, self._random_shard(), cached)
-
-    def _random_shard(self) -> int:
-        return min(int(self._random() * self.shards), self.shards - 1)
-
-    def value(self) -> int:
-        """The current value: the cache's, populating it from the store if needed."""
-        cache = self._settings.cache
-        cached = cache.get(self._key)
-        if cached is None:
-            self._populate()
-            cached = cache.get(self._key)
-        return self.persisted() if cached is None else cached
-
-    def persisted(self) -> int:
-        """The highest value persisted in the store."""
-        return self._settings.store.maxima([self.name])[self.name]
+    incr = blocking(MonotonicCore._incr)
+    checkpoint = blocking(MonotonicCore._checkpoint)
+    value = blocking(MonotonicCore._value)
+    persisted = blocking(MonotonicCore._persisted)
