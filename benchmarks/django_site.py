@@ -28,15 +28,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +40,7 @@ from rich.table import Table
 
 from django_counts import create_database
 from hot_counter import choose_modes, report_console
+from http_load import free_port, serving, wrk
 
 HERE = Path(__file__).resolve().parent
 SITE = HERE.parent / "examples" / "django_site"
@@ -54,7 +49,6 @@ MODES = ("column", "sharded", "buffered", "likes-incr", "noop")
 BASELINE = "column"
 # The least ratio to the plain column, without and with ATOMIC_REQUESTS.
 TARGETS = {False: {"sharded": 1.0, "buffered": 2.0}, True: {"sharded": 2.0}}
-_READY_TIMEOUT = 60.0
 
 
 @dataclass
@@ -68,28 +62,6 @@ class Cell:
     @property
     def rate(self) -> float:
         return statistics.median(self.rates)
-
-
-@dataclass(frozen=True)
-class Load:
-    """What wrk reported of one run."""
-
-    completed: int
-    rate: float
-    failed: int
-    """Non-2xx responses and socket errors (connect, read, write, timeout)."""
-
-
-def parse_wrk(output: str) -> Load:
-    completed = int(re.search(r"(\d+) requests in", output).group(1))  # type: ignore[union-attr]
-    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))  # type: ignore[union-attr]
-    failed = sum(
-        int(n)
-        for n in re.findall(
-            r"(?:Non-2xx or 3xx responses:|connect|read|write|timeout) (\d+)", output
-        )
-    )
-    return Load(completed, rate, failed)
 
 
 def environment(database: str, cache: str, atomic: bool) -> dict[str, str]:
@@ -140,12 +112,6 @@ def count_of(mode: str, video: int, account: int) -> int:
     return 0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def gunicorn(env: dict[str, str], workers: int, threads: int) -> Iterator[str]:
     """The site under gunicorn; yields its base URL once it answers."""
@@ -155,33 +121,8 @@ def gunicorn(env: dict[str, str], workers: int, threads: int) -> Iterator[str]:
         "--bind", f"127.0.0.1:{port}", "--workers", str(workers), "--threads", str(threads),
         "--worker-class", "gthread", "--log-level", "warning",
     ]  # fmt: skip
-    server = subprocess.Popen(command, env=env, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + _READY_TIMEOUT
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/noop", timeout=2) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("gunicorn did not start serving the site") from None
-                time.sleep(0.1)
+    with serving(command, env, port, "/noop") as base:
         yield base
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-
-
-def wrk(url: str, connections: int, seconds: float) -> Load:
-    threads = min(2, connections)
-    command = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds:g}s", url]
-    return parse_wrk(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
