@@ -448,3 +448,62 @@ def test_monotonic_values_from_coroutines_are_distinct_and_persisted(
     values, value, persisted = with_kit(store_url, aio_cache_url, work)
     assert sorted(values) == list(range(1, 201))
     assert value == persisted == 200
+
+
+# -- mapping jobs --------------------------------------------------------------------------
+
+
+def test_a_job_is_read_and_waited_for_without_blocking_the_loop(store_url: str, name: str) -> None:
+    """A job started by a sync kit (its pages held until the async waiter has polled):
+    the async kit reads its status and waits for its end while the loop goes on."""
+    target = Target(store_url, "memory://")
+    table = sa.Table(
+        f"{PREFIX}aio_rows_{name[-8:]}",
+        sa.MetaData(),
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("n", sa.Integer, nullable=False),
+    )
+    polled = threading.Event()
+
+    def fn(batch: shardkit.Batch) -> None:
+        assert polled.wait(60)  # the job runs while it is waited for
+        ids = [row["id"] for row in batch.rows]
+        batch.conn.execute(sa.update(table).where(table.c.id.in_(ids)).values(n=table.c.n + 1))
+
+    with target.connect() as kit:
+        engine = kit.store.engine  # type: ignore[attr-defined]
+        table.create(engine)
+        try:
+            with engine.begin() as conn:
+                conn.execute(sa.insert(table), [{"id": i, "n": 0} for i in range(1, 301)])
+            job = kit.map(table, fn, transactional=True, page_size=50)
+
+            async def work(akit: shardkit.aio.AsyncKit) -> tuple[Any, Any, int]:
+                handle = await akit.job(job.id)
+                first = await handle.status()
+                ticks = 0
+
+                async def ticker() -> None:
+                    nonlocal ticks
+                    while True:
+                        await asyncio.sleep(0.005)
+                        ticks += 1
+                        polled.set()
+
+                beat = asyncio.create_task(ticker())
+                done = await handle.wait(60, poll=0.01)
+                beat.cancel()
+                listed = [status.id for status in await akit.jobs()]
+                assert job.id in listed
+                with pytest.raises(shardkit.JobNotFound):
+                    await akit.job("no-such-job")
+                return first, done, ticks
+
+            first, done, ticks = with_kit(store_url, "memory://", work)
+            assert first.state == "running"
+            assert (done.state, done.rows) == ("complete", 300)
+            assert ticks > 0  # the loop ran while the job was waited for
+            with engine.connect() as conn:
+                assert conn.execute(sa.select(sa.func.sum(table.c.n))).scalar_one() == 300
+        finally:
+            table.drop(engine)

@@ -668,30 +668,29 @@ def test_waiting_polls_the_jobs_state_and_counts_its_ranges_once(
     kit: shardkit.Kit, tables: Tables, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     table, initial = key_table(tables, "sequential", 300)
-    mapper, polled, counted = kit.mapper, threading.Event(), []
-    state, status, add = mapper.state, mapper.status, add_ten(table)
+    store, polled, reads = sql_store(kit), threading.Event(), []
+    read, add = store.read, add_ten(table)
 
-    def polling(job: str) -> str:
-        found = state(job)
-        polled.set()
-        return found
-
-    def counting(job: str) -> shardkit.JobStatus:
-        if threading.current_thread() is threading.main_thread():  # not the root's estimate
-            counted.append(job)
-        return status(job)
+    def reading(action: str, statement: Any, **options: Any) -> list[Any]:
+        if threading.current_thread() is threading.main_thread():  # the waiter's
+            reads.append(action)
+            polled.set()
+        return read(action, statement, **options)
 
     def fn(batch: Batch) -> None:
         assert polled.wait(WAIT)  # the job runs while it is waited for
         add(batch)
 
-    monkeypatch.setattr(mapper, "state", polling)
-    monkeypatch.setattr(mapper, "status", counting)
     job = kit.map(table, fn, transactional=True, page_size=50)
+    monkeypatch.setattr(store, "read", reading)
     done = job.wait(WAIT, poll=0.01)
 
     assert (done.state, done.rows) == ("complete", 300)
-    assert counted == [job.id]
+    # Polled by its state alone (one row by its key); its ranges counted once, at the end.
+    *polls, last = reads
+    assert polls
+    assert set(polls) == {f"reading job {job.id!r}"}
+    assert last == "reading job status"
     assert values(kit, table) == plus(initial, 10)
 
 

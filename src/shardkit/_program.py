@@ -6,9 +6,10 @@ each call's result (or has its error thrown in). It never does I/O itself. A run
 carries the calls out: ``run`` on blocking backends, ``arun`` on asyncio ones (awaiting
 what they return). A call interrupted by a ``BaseException`` (a cancelled task, a
 ``KeyboardInterrupt``) closes the program at once, so its ``finally`` blocks run then
-(they must not call anything), and the interruption goes on to the caller. ``blocking`` and ``awaitable`` turn a class's programs into the
-methods of its sync and async forms, so the rules live in one place and a fix lands in
-both::
+(they must not call anything), and the interruption goes on to the caller.
+
+``blocking`` and ``awaitable`` turn a class's programs into the methods of its sync and
+async forms, so the rules live in one place and a fix lands in both::
 
     class Core:
         def _value(self) -> Program[int]:

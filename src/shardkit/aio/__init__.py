@@ -37,8 +37,10 @@ from shardkit.counters.monotonic import MonotonicCore
 from shardkit.counters.sharded import ShardedCore, Write
 from shardkit.errors import ConfigurationError, ShardkitError
 from shardkit.kit import DEFAULT_CACHE, DEFAULT_INTERVAL, DEFAULT_STORE, KitCore
+from shardkit.mapper.job import JobCore
+from shardkit.mapper.ledger import JobStatus, job_statuses
 from shardkit.store.base import CounterInfo
-from shardkit.validation import check_kit_options, check_name
+from shardkit.validation import check_job_id, check_kit_options, check_name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,6 +156,29 @@ class AsyncIdAllocator(IdCore):
     reserved = awaitable(IdCore._reserved)
 
 
+class _Polling:
+    """``Finishes`` for an async kit: its jobs run elsewhere, so a waiter polls."""
+
+    def finished(self) -> int:
+        return 0
+
+    async def await_finish(self, seen: int, timeout: float) -> int:
+        await asyncio.sleep(timeout)
+        return seen
+
+
+class AsyncJob(JobCore):
+    """A mapping job's handle in an async kit: its status and its end, read without
+    blocking the event loop (start, cancel and resume jobs with the sync kit)."""
+
+    def __init__(self, store: AsyncSqlStore, job_id: str) -> None:
+        super().__init__(store, job_id)
+        self.roles = {**store.roles, "Finishes": _Polling()}
+
+    status = awaitable(JobCore._status)
+    wait = awaitable(JobCore._wait)
+
+
 AsyncCounter = AsyncShardedCounter | AsyncBufferedCounter | AsyncMonotonicCounter | AsyncIdAllocator
 
 
@@ -259,6 +284,17 @@ class AsyncKit(KitCore[AsyncCounter]):
         )
         return await arun(opening, self.roles)
 
+    async def job(self, job_id: str) -> AsyncJob:
+        """The handle of mapping job ``job_id``; raises ``JobNotFound`` if there is
+        none."""
+        job = AsyncJob(self.store, check_job_id(job_id))
+        await job.status()
+        return job
+
+    async def jobs(self) -> list[JobStatus]:
+        """The status of every job in the store, newest first."""
+        return await arun(job_statuses(self.store), self.store.roles)
+
     values = awaitable(KitCore._values)
     parts = awaitable(KitCore._parts)
     flush_all = awaitable(KitCore._flush_all)
@@ -358,6 +394,7 @@ def _open_cache(target: Any) -> Any:
 __all__ = [
     "AsyncBufferedCounter",
     "AsyncIdAllocator",
+    "AsyncJob",
     "AsyncKit",
     "AsyncMonotonicCounter",
     "AsyncSettings",

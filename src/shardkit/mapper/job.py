@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy.engine import Connection
 
-from shardkit.errors import ConfigurationError, JobFailed, JobTimeout
-from shardkit.mapper.ledger import CANCELLED, FAILED, FINISHED, JobStatus
+from shardkit._program import Program, blocking, call
+from shardkit.errors import ConfigurationError, JobFailed, JobNotFound, JobTimeout
+from shardkit.mapper.ledger import (
+    CANCELLED,
+    FAILED,
+    FINISHED,
+    JobStatus,
+    job_state,
+    job_statuses,
+)
+from shardkit.store.sql import SqlCore
 
 if TYPE_CHECKING:
     from shardkit.mapper.runner import Mapper
@@ -50,44 +60,78 @@ class Completion:
     conn: Connection
 
 
-class Job:
-    """A handle to a mapping job; any process with a kit on the same store can open one
-    (``kit.job(id)``)."""
+class Finishes(Protocol):
+    """The role that tells a waiter of jobs this process finished: the sync kit's
+    mapper (its local executor runs jobs; a waiter wakes when one ends), or, in the
+    async kit, a clock (jobs are run elsewhere: a waiter polls)."""
 
-    def __init__(self, mapper: Mapper, job_id: str) -> None:
-        self._mapper = mapper
+    def finished(self) -> int:
+        """How many jobs this process has finished so far."""
+        ...
+
+    def await_finish(self, seen: int, timeout: float) -> int:
+        """Wait until ``finished()`` passes ``seen``, or ``timeout`` seconds; return it."""
+        ...
+
+
+class JobCore:
+    """A job handle's reads, for its sync and async forms: programs on the roles ``Sql``
+    (the store) and ``Finishes``."""
+
+    roles: Mapping[str, Any]
+
+    def __init__(self, store: SqlCore, job_id: str) -> None:
+        self._store = store
         self.id = job_id
 
     def __repr__(self) -> str:
-        return f"<Job {self.id}>"
+        return f"<{type(self).__name__} {self.id}>"
 
-    def status(self) -> JobStatus:
+    def _status(self) -> Program[JobStatus]:
         """The job's progress, from the ledger."""
-        return self._mapper.status(self.id)
+        found = yield from job_statuses(self._store, self.id)
+        if not found:
+            raise JobNotFound(f"no job {self.id!r} in {self._store.url}")
+        return found[0]
 
-    def wait(self, timeout: float | None = None, *, poll: float = 0.1) -> JobStatus:
-        """Block until the job is complete and return its status. Raises ``JobFailed``
-        if it failed or was cancelled, ``JobTimeout`` after ``timeout`` seconds. Reads
-        only the job's state: every ``poll`` seconds, and at once when this handle's kit
+    def _wait(self, timeout: float | None = None, *, poll: float = 0.1) -> Program[JobStatus]:
+        """Wait until the job is complete and return its status. Raises ``JobFailed`` if
+        it failed or was cancelled, ``JobTimeout`` after ``timeout`` seconds. Reads only
+        the job's state: every ``poll`` seconds, and at once when this handle's kit
         finishes a job (so a job run on its local executor is seen to end when it does);
         its status is read at the end."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        seen = self._mapper.finished
+        seen = yield from call(Finishes.finished)
         while True:
-            state = self._mapper.state(self.id)
+            state = yield from job_state(self._store, self.id)
+            if state is None:
+                raise JobNotFound(f"no job {self.id!r} in {self._store.url}")
             if state in (FAILED, CANCELLED):
-                status = self.status()
+                status = yield from self._status()
                 raise JobFailed(f"job {self.id} {status.state}: {status.error or 'no error'}")
             if state in FINISHED:
-                return self.status()
+                return (yield from self._status())
             if deadline is not None and time.monotonic() >= deadline:
-                status = self.status()
+                status = yield from self._status()
                 raise JobTimeout(
                     f"job {self.id} still running after {timeout} s "
                     f"({status.rows} rows, {status.pending} ranges pending)"
                 )
             left = poll if deadline is None else min(poll, deadline - time.monotonic())
-            seen = self._mapper.await_finish(seen, max(left, 0.0))
+            seen = yield from call(Finishes.await_finish, seen, max(left, 0.0))
+
+
+class Job(JobCore):
+    """A handle to a mapping job; any process with a kit on the same store can open one
+    (``kit.job(id)``)."""
+
+    def __init__(self, mapper: Mapper, job_id: str) -> None:
+        super().__init__(mapper.store, job_id)
+        self._mapper = mapper
+        self.roles = {**mapper.store.roles, "Finishes": mapper}
+
+    status = blocking(JobCore._status)
+    wait = blocking(JobCore._wait)
 
     def cancel(self) -> bool:
         """Stop the job: pending ranges are no longer picked up (a page in progress
@@ -102,4 +146,4 @@ class Job:
         return self._mapper.resume(self.id)
 
 
-__all__ = ["Batch", "Completion", "Job"]
+__all__ = ["Batch", "Completion", "Finishes", "Job", "JobCore"]

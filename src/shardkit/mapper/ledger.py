@@ -19,8 +19,9 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from shardkit._program import Program, call, run
 from shardkit.mapper.keys import Key, KeyRange, dump_key, load_key
-from shardkit.store.sql import SqlStore
+from shardkit.store.sql import Sql, SqlCore, SqlStore
 
 PENDING, DONE = "pending", "done"
 STAY, SPLIT, LAST = "stay", "split", "last"  # how a page leaves its range (checkpoint)
@@ -164,9 +165,7 @@ class RangeLedger:
 
     def state(self, job: str) -> str | None:
         """The job's state (None if there is no such job): one row read by its key."""
-        statement = sa.select(self.jobs.c.state).where(self.jobs.c.id == job)
-        rows = self.store.read(f"reading job {job!r}", statement, autocommit=True)
-        return rows[0].state if rows else None
+        return run(job_state(self.store, job), self.store.roles)
 
     def states(self, jobs: Sequence[str]) -> dict[str, str]:
         """The state of each of ``jobs`` that exists: one read."""
@@ -241,43 +240,7 @@ class RangeLedger:
 
     def statuses(self, job: str | None = None) -> list[JobStatus]:
         """The status of ``job``, or of every job (newest first)."""
-        jobs, ranges = self.jobs, self.ranges
-        per_job = (
-            sa.select(
-                ranges.c.job,
-                sa.func.sum(sa.case((ranges.c.state == PENDING, 1), else_=0)).label("pending"),
-                sa.func.sum(sa.case((ranges.c.state == DONE, 1), else_=0)).label("done"),
-                sa.func.sum(ranges.c.rows).label("rows"),
-                sa.func.sum(ranges.c.pages).label("pages"),
-                sa.func.max(ranges.c.depth).label("depth"),
-            )
-            .group_by(ranges.c.job)
-            .subquery()
-        )
-        counts = [per_job.c[name] for name in ("pending", "done", "rows", "pages", "depth")]
-        statement = (
-            sa.select(jobs, *counts)
-            .outerjoin(per_job, per_job.c.job == jobs.c.id)
-            .order_by(jobs.c.created_at.desc(), jobs.c.id)
-        )
-        if job is not None:
-            statement = statement.where(jobs.c.id == job)
-        return [
-            JobStatus(
-                id=row.id,
-                state=row.state,
-                rows=int(row.rows or 0),
-                estimate=None if row.estimate is None else int(row.estimate),
-                pending=int(row.pending or 0),
-                done=int(row.done or 0),
-                depth=int(row.depth or 0),
-                pages=int(row.pages or 0),
-                created_at=float(row.created_at),
-                finished_at=None if row.finished_at is None else float(row.finished_at),
-                error=row.error,
-            )
-            for row in self.store.read("reading job status", statement)
-        ]
+        return run(job_statuses(self.store, job), self.store.roles)
 
     # -- ranges --------------------------------------------------------------------------
 
@@ -424,3 +387,53 @@ def _range_row(range_id: str, row: Any) -> RangeRow:
 
 
 __all__ = ["Child", "JobStatus", "RangeLedger", "RangeRow"]
+
+
+def job_state(store: SqlCore, job: str) -> Program[str | None]:
+    """The state of ``job`` (None if there is no such job): one row read by its key,
+    outside any transaction."""
+    statement = sa.select(store.jobs_table.c.state).where(store.jobs_table.c.id == job)
+    rows = yield from call(Sql.read, f"reading job {job!r}", statement, autocommit=True)
+    return str(rows[0].state) if rows else None
+
+
+def job_statuses(store: SqlCore, job: str | None = None) -> Program[list[JobStatus]]:
+    """The status of ``job``, or of every job (newest first): one query."""
+    jobs, ranges = store.jobs_table, store.ranges_table
+    per_job = (
+        sa.select(
+            ranges.c.job,
+            sa.func.sum(sa.case((ranges.c.state == PENDING, 1), else_=0)).label("pending"),
+            sa.func.sum(sa.case((ranges.c.state == DONE, 1), else_=0)).label("done"),
+            sa.func.sum(ranges.c.rows).label("rows"),
+            sa.func.sum(ranges.c.pages).label("pages"),
+            sa.func.max(ranges.c.depth).label("depth"),
+        )
+        .group_by(ranges.c.job)
+        .subquery()
+    )
+    counts = [per_job.c[name] for name in ("pending", "done", "rows", "pages", "depth")]
+    statement = (
+        sa.select(jobs, *counts)
+        .outerjoin(per_job, per_job.c.job == jobs.c.id)
+        .order_by(jobs.c.created_at.desc(), jobs.c.id)
+    )
+    if job is not None:
+        statement = statement.where(jobs.c.id == job)
+    rows = yield from call(Sql.read, "reading job status", statement)
+    return [
+        JobStatus(
+            id=row.id,
+            state=row.state,
+            rows=int(row.rows or 0),
+            estimate=None if row.estimate is None else int(row.estimate),
+            pending=int(row.pending or 0),
+            done=int(row.done or 0),
+            depth=int(row.depth or 0),
+            pages=int(row.pages or 0),
+            created_at=float(row.created_at),
+            finished_at=None if row.finished_at is None else float(row.finished_at),
+            error=row.error,
+        )
+        for row in rows
+    ]

@@ -115,7 +115,6 @@ class Mapper:
 
     # -- news for waiters ----------------------------------------------------------------
 
-    @property
     def finished(self) -> int:
         """How many times this mapper (its kit) has finished a job: completed, failed or
         cancelled it."""
