@@ -23,9 +23,9 @@ from shardkit.validation import INT64_MAX
 T = TypeVar("T")
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "memcached"])
 def aio_cache_url(request: pytest.FixtureRequest) -> str:
-    """The caches an async kit runs on."""
+    """The caches an async kit runs on (memcached's calls offloaded to threads)."""
     url = CACHE_URLS[request.param]
     if url != "memory://":
         require(url)
@@ -244,9 +244,9 @@ def test_bad_input_is_refused_before_anything_is_written(sqlite_url: str, name: 
 
 def test_an_unknown_cache_is_a_configuration_error(sqlite_url: str) -> None:
     async def main() -> None:
-        await shardkit.aio.connect(sqlite_url, "memcached://127.0.0.1:11211", prefix=PREFIX)
+        await shardkit.aio.connect(sqlite_url, "mongodb://127.0.0.1:27017", prefix=PREFIX)
 
-    with pytest.raises(ConfigurationError, match="memory:// or redis://"):
+    with pytest.raises(ConfigurationError, match="memory://, redis:// or memcached://"):
         asyncio.run(main())
 
 

@@ -24,8 +24,10 @@ from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardkit import _urls
 from shardkit._combine import AsyncCombiner
 from shardkit._program import arun, awaitable
+from shardkit.aio.cache import OffloadedCache
 from shardkit.aio.executor import LoopExecutor
 from shardkit.aio.store import AsyncSqlStore, async_engine_from_url
 from shardkit.cache.memory import MemoryCache
@@ -368,9 +370,8 @@ async def _open(store_url: str, cache: Any, prefix: str, options: dict[str, Any]
 
 
 def _open_cache(target: Any) -> Any:
-    """An async kit's cache for a URL or a live ``redis.asyncio`` client."""
-    from shardkit import _urls
-
+    """An async kit's cache for a URL, a live ``redis.asyncio`` client or a pymemcache
+    client."""
     if isinstance(target, str):
         scheme = _urls.scheme(target)
         if scheme == "memory":
@@ -379,15 +380,26 @@ def _open_cache(target: Any) -> Any:
             from shardkit.cache.redis import AsyncRedisCache
 
             return AsyncRedisCache.from_url(target)
+        if scheme == "memcached":
+            from shardkit.cache.memcached import MemcachedCache
+
+            return OffloadedCache(MemcachedCache.from_url(target))
         raise ConfigurationError(
-            f"an async kit's cache is memory:// or redis://, not {_urls.redact(target)!r}"
+            "an async kit's cache is memory://, redis:// or memcached://, not "
+            f"{_urls.redact(target)!r}"
         )
-    if type(target).__module__.startswith("redis.asyncio"):
+    module = type(target).__module__
+    if module.startswith("redis.asyncio"):
         from shardkit.cache.redis import AsyncRedisCache
 
         return AsyncRedisCache(target)
+    if module.startswith("pymemcache"):
+        from shardkit.cache.memcached import MemcachedCache
+
+        return OffloadedCache(MemcachedCache(target))
     raise ConfigurationError(
-        f"an async kit's cache is a URL or a redis.asyncio client, not {type(target).__name__}"
+        "an async kit's cache is a URL, a redis.asyncio client or a pymemcache client, "
+        f"not {type(target).__name__}"
     )
 
 
