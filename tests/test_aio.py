@@ -14,10 +14,10 @@ import sqlalchemy as sa
 
 import shardkit
 import shardkit.aio
-from conftest import CACHE_URLS, PREFIX, Target, require
+from conftest import CACHE_URLS, PREFIX, STORE_URLS, Target, require
 from shardkit.errors import ConfigurationError, CounterOverflow, InvalidDelta
 from shardkit.store import open_store
-from shardkit.store.sql import SqlStore
+from shardkit.store.sql import _POOLED, SqlStore
 from shardkit.validation import INT64_MAX
 
 T = TypeVar("T")
@@ -507,3 +507,19 @@ def test_a_job_is_read_and_waited_for_without_blocking_the_loop(store_url: str, 
                 assert conn.execute(sa.select(sa.func.sum(table.c.n))).scalar_one() == 300
         finally:
             table.drop(engine)
+
+
+def test_a_direct_postgresql_connection_keeps_prepared_statements() -> None:
+    """Without a pooler in front, the async store's psycopg connections are left to
+    prepare their statements (only a pooler's are told not to)."""
+    store_url = STORE_URLS["postgres"]
+    assert store_url is not None
+    require(store_url)
+
+    async def work(kit: shardkit.aio.AsyncKit) -> tuple[bool, Any]:
+        async with kit.store.engine.connect() as conn:
+            assert conn.sync_connection is not None
+            raw = await conn.get_raw_connection()
+            return conn.sync_connection.info[_POOLED], raw.driver_connection.prepare_threshold
+
+    assert with_kit(store_url, "memory://", work) == (False, 5)

@@ -8,6 +8,7 @@ Debian's package) is started by the tests on a free port, in front of the test s
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 import shardkit
+import shardkit.aio
 from conftest import CACHE_URLS, PREFIX, STORE_URLS, require, run_together
 from servers import PgBouncerServer, running
 from shardkit.cli import main
@@ -232,3 +234,41 @@ def test_the_django_app_through_pgbouncer(bouncer: str, tmp_path: Path) -> None:
             )
         engine.dispose()
         Path(tempfile.gettempdir(), f"shardkit-django-{test_run}.sqlite3").unlink(missing_ok=True)
+
+
+def test_the_async_kit_counts_exactly_through_pgbouncer(bouncer: str) -> None:
+    """The async kit (psycopg's async connection) through the pooler, eight coroutines
+    writing and reading at once on connections of their own, each statement run far past
+    psycopg's threshold for preparing it: exact (a statement prepared in one server
+    session would be missing in the next transaction's)."""
+    tag = uuid.uuid4().hex
+
+    async def main() -> tuple[list[int], int, shardkit.Parts, list[int]]:
+        async with shardkit.aio.connect(bouncer, CACHE_URLS["memory"], prefix=PREFIX) as kit:
+            keyed = await kit.sharded(f"test:pgb:aio:keyed:{tag}", shards=4)
+            buffered = await kit.buffered(f"test:pgb:aio:buffered:{tag}", interval=0.2)
+            ids = await kit.ids(f"test:pgb:aio:ids:{tag}", block=5)
+            handed: list[int] = []
+
+            async def writer(index: int) -> int:
+                own = await kit.sharded(f"test:pgb:aio:sharded:{tag}:{index}", shards=4)
+                for i in range(40):
+                    await own.incr()
+                    await keyed.incr(3, key=f"{index}:{i}")
+                    await buffered.incr(2)
+                    handed.extend(await ids.take(2))
+                    await own.value(fresh=True)
+                return await own.value(fresh=True)
+
+            values = await asyncio.gather(*(writer(index) for index in range(WRITERS)))
+            await kit.flush_all()
+            async with kit.store.engine.connect() as conn:  # told from a direct connection
+                assert conn.sync_connection is not None
+                assert conn.sync_connection.info[_POOLED] is True
+            return values, await keyed.value(fresh=True), await buffered.parts(), handed
+
+    values, keyed, parts, handed = asyncio.run(main())
+    assert values == [40] * WRITERS
+    assert keyed == WRITERS * 40 * 3
+    assert parts == shardkit.Parts(WRITERS * 80, 0)
+    assert len(set(handed)) == len(handed) == WRITERS * 80

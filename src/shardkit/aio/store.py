@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from shardkit import _urls
 from shardkit._program import awaitable
 from shardkit.errors import ConfigurationError, MissingDriver
-from shardkit.store.sql import SqlCore, make_engine
+from shardkit.store.sql import SqlCore, make_engine, watch_for_poolers
 
 _T = TypeVar("_T")
 
@@ -45,7 +45,8 @@ class AsyncSqlStore(SqlCore):
 
     Belongs to the event loop it is used on. A cancelled call either committed or rolled
     back: SQLAlchemy rolls back (or discards) a connection whose statement was
-    interrupted, and the pool gets it back either way.
+    interrupted, and the pool gets it back either way. Behind a pooler (PgBouncer in
+    transaction mode), psycopg's automatic preparing is turned off, as in the sync store.
     """
 
     def __init__(
@@ -54,6 +55,7 @@ class AsyncSqlStore(SqlCore):
         super().__init__(engine.dialect, engine.url, prefix=prefix)
         self.engine = engine
         self._owns_engine = owns_engine
+        watch_for_poolers(engine.sync_engine)
 
     create_schema = awaitable(SqlCore._create_schema)
     identity = awaitable(SqlCore._identity_of_store)

@@ -249,26 +249,52 @@ class _Compiled:
 
 
 def watch_for_poolers(engine: Engine) -> None:
-    """Have every connection of a psycopg ``engine`` checked once for a pooler in front
-    of the server (``_detect_pooler``). Idempotent; other drivers are left alone."""
-    if engine.dialect.driver == "psycopg" and not sa.event.contains(
+    """Have every connection of a psycopg ``engine`` (or of an asyncio engine's
+    ``sync_engine``) checked once for a pooler in front of the server
+    (``_detect_pooler``). Idempotent; other drivers are left alone."""
+    if engine.dialect.driver in ("psycopg", "psycopg_async") and not sa.event.contains(
         engine, "checkout", _detect_pooler
     ):
         sa.event.listen(engine, "checkout", _detect_pooler)
 
 
 def _detect_pooler(dbapi_connection: Any, record: Any, proxy: Any) -> None:
-    """Pool checkout hook of psycopg engines: once per connection, ``unprepare_behind_pooler``.
-    A connection that cannot answer is replaced by the pool. (Connections that are not
-    psycopg's own, such as Django's behind its stand-in, are left alone.)"""
-    from psycopg import Connection
+    """Pool checkout hook of psycopg engines: once per connection, ``unprepare_behind_pooler``
+    (for an asyncio engine's, ``_unprepare_async``). A connection that cannot answer is
+    replaced by the pool. (Connections that are not psycopg's own, such as Django's
+    behind its stand-in, are left alone.)"""
+    from psycopg import AsyncConnection, Connection
 
-    if _POOLED in record.info or not isinstance(dbapi_connection, Connection):
+    if _POOLED in record.info:
         return
     try:
-        record.info[_POOLED] = unprepare_behind_pooler(dbapi_connection)
+        if isinstance(dbapi_connection, Connection):
+            record.info[_POOLED] = unprepare_behind_pooler(dbapi_connection)
+        elif isinstance(record.driver_connection, AsyncConnection):
+            record.info[_POOLED] = _unprepare_async(dbapi_connection, record.driver_connection)
     except ConnectionError as exc:
         raise sa.exc.DisconnectionError(str(exc)) from exc
+
+
+def _unprepare_async(adapted: Any, connection: Any) -> bool:
+    """``unprepare_behind_pooler`` for psycopg's ``AsyncConnection`` behind SQLAlchemy's
+    adapter ``adapted``, whose calls await the connection from the checkout's greenlet
+    (so the event loop is never blocked): the same question, in a transaction rolled
+    back at once."""
+    try:
+        cursor = adapted.cursor()
+        try:
+            cursor.execute("SELECT pg_backend_pid()")
+            (pid,) = cursor.fetchone()
+        finally:
+            cursor.close()
+            adapted.rollback()
+    except Exception as exc:
+        raise ConnectionError(f"the connection did not answer: {exc}") from exc
+    pooled: bool = int(pid) != connection.info.backend_pid
+    if pooled:
+        connection.prepare_threshold = None
+    return pooled
 
 
 def unprepare_behind_pooler(connection: Any) -> bool:
