@@ -29,10 +29,8 @@ import argparse
 import contextlib
 import os
 import shutil
-import statistics
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -40,7 +38,7 @@ from rich.table import Table
 
 from django_counts import create_database
 from hot_counter import choose_modes, report_console
-from http_load import free_port, serving, wrk
+from http_load import Cell, free_port, serving, wrk
 
 HERE = Path(__file__).resolve().parent
 SITE = HERE.parent / "examples" / "django_site"
@@ -49,19 +47,6 @@ MODES = ("column", "sharded", "buffered", "likes-incr", "noop")
 BASELINE = "column"
 # The least ratio to the plain column, without and with ATOMIC_REQUESTS.
 TARGETS = {False: {"sharded": 1.0, "buffered": 2.0}, True: {"sharded": 2.0}}
-
-
-@dataclass
-class Cell:
-    """Repeated wrk runs of one endpoint in one configuration."""
-
-    rates: list[float] = field(default_factory=list)
-    exact: bool = True
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def rate(self) -> float:
-        return statistics.median(self.rates)
 
 
 def environment(database: str, cache: str, atomic: bool) -> dict[str, str]:

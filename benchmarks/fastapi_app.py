@@ -24,10 +24,8 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import sys
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -36,7 +34,7 @@ from rich.table import Table
 import shardkit
 from django_counts import create_database
 from hot_counter import choose_modes, report_console
-from http_load import free_port, serving, wrk
+from http_load import Cell, free_port, serving, wrk
 
 HERE = Path(__file__).resolve().parent
 SERVICE = HERE.parent / "examples" / "fastapi_app"
@@ -47,19 +45,6 @@ PATHS = {"row": "/row", "sharded": "/items/hot/view", "buffered": "/items/hot/hi
 TARGETS = {"sharded": 3.0, "buffered": 5.0}  # the least ratio to the plain row
 PREFIX = "bench_fastapi_"
 POST = 'wrk.method = "POST"\n'
-
-
-@dataclass
-class Cell:
-    """Repeated wrk runs of one endpoint."""
-
-    rates: list[float] = field(default_factory=list)
-    exact: bool = True
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def rate(self) -> float:
-        return statistics.median(self.rates)
 
 
 def prepare(database: str) -> sa.Engine:

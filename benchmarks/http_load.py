@@ -8,13 +8,27 @@ import os
 import re
 import signal
 import socket
+import statistics
 import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 _READY_TIMEOUT = 60.0
+
+
+@dataclass
+class Cell:
+    """Repeated wrk runs of one endpoint in one configuration."""
+
+    rates: list[float] = field(default_factory=list)
+    exact: bool = True
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return statistics.median(self.rates)
 
 
 @dataclass(frozen=True)

@@ -253,6 +253,19 @@ def test_an_unknown_cache_is_a_configuration_error(sqlite_url: str) -> None:
 # -- buffered counters --------------------------------------------------------------------
 
 
+def record_bumps(kit: shardkit.aio.AsyncKit) -> list[int]:
+    """The amounts of the cache's bumps (one per command) from now on, as they are sent."""
+    sent: list[int] = []
+    real = kit.cache.bump
+
+    def bump(key: str, delta: int) -> Any:
+        sent.append(delta)
+        return real(key, delta)
+
+    kit.cache.bump = bump
+    return sent
+
+
 def test_buffered_sync_and_async_processes_count_and_flush_each_other_exactly(
     store_url: str, name: str
 ) -> None:
@@ -299,14 +312,7 @@ def test_concurrent_coroutines_share_one_cache_command(
     async def work(kit: shardkit.aio.AsyncKit) -> tuple[list[int], int]:
         hits = await kit.buffered(name, interval=3600)
         await hits.incr()  # its generation exists: what follows is bumps only
-        sent: list[int] = []
-        real = kit.cache.bump
-
-        def bump(key: str, delta: int) -> Any:
-            sent.append(delta)
-            return real(key, delta)
-
-        kit.cache.bump = bump
+        sent = record_bumps(kit)
         await asyncio.gather(*(hits.incr() for _ in range(256)))
         return sent, await hits.value()
 
@@ -325,14 +331,7 @@ def test_cancelled_buffered_increments_counted_or_not_never_half(
     async def work(kit: shardkit.aio.AsyncKit) -> tuple[int, int, int, Any]:
         hits = await kit.buffered(name, interval=3600)
         await hits.incr()
-        sent: list[int] = []
-        real = kit.cache.bump
-
-        def bump(key: str, delta: int) -> Any:
-            sent.append(delta)
-            return real(key, delta)
-
-        kit.cache.bump = bump
+        sent = record_bumps(kit)
         loop = asyncio.get_running_loop()
         moments = random.Random(11)
         tasks = []
