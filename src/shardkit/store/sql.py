@@ -27,7 +27,7 @@ from sqlalchemy.pool import QueuePool
 
 from shardkit import _urls
 from shardkit._fork import reset_in_child
-from shardkit._program import Program, blocking, call
+from shardkit._program import Program, blocking, call, run
 from shardkit.errors import (
     BackendError,
     BackendUnavailable,
@@ -595,12 +595,11 @@ class SqlCore:
         self, name: str, shard: int, writes: Sequence[tuple[int, str | None]]
     ) -> Program[list[bool]]:
         """See ``Store.add_many``."""
-        if not sums_fit([delta for delta, _ in writes]):
-            raise InvalidDelta(f"{len(writes)} deltas could sum outside signed 64-bit")
-        keyed = [key for _, key in writes if key is not None]
-        if not keyed:
-            yield from call(Sql.fast_add, self._add_params(name, shard, [d for d, _ in writes]))
+        unkeyed = self._unkeyed(name, shard, writes)
+        if unkeyed is not None:
+            yield from call(Sql.fast_add, unkeyed)
             return [True] * len(writes)
+        keyed = [key for _, key in writes if key is not None]
 
         def work(conn: Connection) -> list[bool]:
             created_at = time.time()
@@ -625,6 +624,18 @@ class SqlCore:
     @staticmethod
     def _add_params(name: str, shard: int, deltas: Sequence[int]) -> dict[str, Any]:
         return {"p_name": name, "p_shard": shard, "p_value": sum(deltas)}
+
+    def _unkeyed(
+        self, name: str, shard: int, writes: Sequence[tuple[int, str | None]]
+    ) -> dict[str, Any] | None:
+        """The parameters of the one upsert that makes ``writes`` when none has a key
+        (None when one has). ``InvalidDelta`` if their sum could leave signed 64-bit."""
+        deltas = [delta for delta, _ in writes]
+        if not sums_fit(deltas):
+            raise InvalidDelta(f"{len(writes)} deltas could sum outside signed 64-bit")
+        if any(key is not None for _, key in writes):
+            return None
+        return self._add_params(name, shard, deltas)
 
     # -- reads -------------------------------------------------------------------------
 
@@ -840,7 +851,6 @@ class SqlStore(SqlCore):
     counter = blocking(SqlCore._counter)
     counters = blocking(SqlCore._counters)
     add = blocking(SqlCore._add)
-    add_many = blocking(SqlCore._add_many)
     total = blocking(SqlCore._total)
     totals = blocking(SqlCore._totals)
     add_generation = blocking(SqlCore._add_generation)
@@ -852,6 +862,18 @@ class SqlStore(SqlCore):
     maxima = blocking(SqlCore._maxima)
     reserve = blocking(SqlCore._reserve)
     purge_keys = blocking(SqlCore._purge_keys)
+
+    def add_many(
+        self, name: str, shard: int, writes: Sequence[tuple[int, str | None]]
+    ) -> list[bool]:
+        """See ``Store.add_many``: ``SqlCore._add_many``, its hot path (no key) taken
+        without a runner (a write's client CPU is what many writers on few cores run
+        out of)."""
+        unkeyed = self._unkeyed(name, shard, writes)
+        if unkeyed is None:
+            return run(self._add_many(name, shard, writes), self.roles)
+        self.fast_add(unkeyed)
+        return [True] * len(writes)
 
     # -- the role Sql ------------------------------------------------------------------
 
