@@ -4,6 +4,7 @@ keys, with concurrent coroutines' writes combined and cancellation never half-ap
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import random
 import threading
 from collections.abc import Awaitable, Callable
@@ -14,6 +15,7 @@ import sqlalchemy as sa
 
 import shardkit
 import shardkit.aio
+import workers
 from conftest import CACHE_URLS, PREFIX, STORE_URLS, Target, require
 from shardkit.errors import ConfigurationError, CounterOverflow, InvalidDelta
 from shardkit.store import open_store
@@ -21,6 +23,7 @@ from shardkit.store.sql import _POOLED, SqlStore
 from shardkit.validation import INT64_MAX
 
 T = TypeVar("T")
+SPAWN = multiprocessing.get_context("spawn")  # a process of its own, not a copy of this one
 
 
 @pytest.fixture(params=["memory", "redis", "memcached"])
@@ -59,33 +62,35 @@ class Statements:
             self.upserts += 1
 
 
+def sync_process(target: Target, name: str, kind: str, rounds: int) -> Any:
+    """A process of its own (spawned) counting into ``name`` with a sync kit."""
+    where = (target.store_url, target.cache_url, target.prefix)
+    process = SPAWN.Process(target=workers.sync_counter, args=(where, name, kind, rounds))
+    process.start()
+    return process
+
+
+async def joined(process: Any) -> int:
+    """The exit code of ``process``, waited for off the event loop."""
+    await asyncio.to_thread(process.join, 120)
+    return int(process.exitcode)
+
+
 def test_sync_and_async_processes_count_into_the_same_counter_exactly(
     store_url: str, aio_cache_url: str, name: str
 ) -> None:
-    """Increments from an async kit's coroutines and a sync kit's threads, interleaved,
+    """Increments from an async kit's coroutines and a sync kit's process, interleaved,
     sum exactly; each kit reads the other's."""
     target = Target(store_url, aio_cache_url)
-    sync_done = threading.Event()
-
-    def sync_writer() -> None:
-        with target.connect() as kit:
-            counter = kit.sharded(name, shards=4)
-            for _ in range(200):
-                counter.incr()
-            counter.decr(50, key="sync-once")
-            counter.decr(50, key="sync-once")
-        sync_done.set()
 
     async def work(kit: shardkit.aio.AsyncKit) -> int:
         counter = await kit.sharded(name, shards=4)
-        thread = threading.Thread(target=sync_writer)
-        thread.start()
+        process = sync_process(target, name, "sharded", 200)
         for _ in range(10):
             await asyncio.gather(*(counter.incr(3) for _ in range(30)))
         assert await counter.incr(7, key="async-once")
         assert not await counter.incr(7, key="async-once")
-        await asyncio.to_thread(thread.join)
-        assert sync_done.is_set()
+        assert await joined(process) == 0
         return await counter.value(fresh=True)
 
     expected = 200 - 50 + 10 * 30 * 3 + 7
@@ -269,30 +274,21 @@ def record_bumps(kit: shardkit.aio.AsyncKit) -> list[int]:
 def test_buffered_sync_and_async_processes_count_and_flush_each_other_exactly(
     store_url: str, name: str
 ) -> None:
-    """A buffered counter written by an async kit's coroutines and a sync kit's thread,
+    """A buffered counter written by an async kit's coroutines and a sync kit's process,
     each kit flushing what the other counted: exact (on Redis, which both share)."""
     cache_url = CACHE_URLS["redis"]
     require(cache_url)
     target = Target(store_url, cache_url)
 
-    def sync_writer() -> None:
-        with target.connect() as kit:
-            hits = kit.buffered(name, interval=3600)
-            for index in range(300):
-                hits.incr(2)
-                if index % 100 == 0:
-                    hits.flush()
-
     async def work(kit: shardkit.aio.AsyncKit) -> tuple[int, Any]:
         hits = await kit.buffered(name, interval=3600)
-        thread = threading.Thread(target=sync_writer)
-        thread.start()
+        process = sync_process(target, name, "buffered", 300)
         for round_ in range(10):
             await asyncio.gather(*(hits.incr() for _ in range(40)))
             await hits.decr(5)
             if round_ % 3 == 0:
                 await hits.flush()
-        await asyncio.to_thread(thread.join)
+        assert await joined(process) == 0
         await kit.flush_all()
         return await hits.value(), await hits.parts()
 
@@ -522,3 +518,23 @@ def test_a_direct_postgresql_connection_keeps_prepared_statements() -> None:
             return conn.sync_connection.info[_POOLED], raw.driver_connection.prepare_threshold
 
     assert with_kit(store_url, "memory://", work) == (False, 5)
+
+
+def test_purging_keys_lets_a_key_apply_again(sqlite_url: str, name: str) -> None:
+    """With no retention, ``purge_keys()`` deletes the recorded keys: the same key then
+    applies once more (as the sync kit's does)."""
+
+    async def main() -> tuple[int, bool, int]:
+        kit = await shardkit.aio.connect(sqlite_url, "memory://", prefix=PREFIX, key_retention=0)
+        async with kit:
+            views = await kit.sharded(name)
+            assert await views.incr(1, key="once")
+            assert not await views.incr(1, key="once")
+            purged = await kit.purge_keys()
+            again = await views.incr(1, key="once")
+            return purged, again, await views.value(fresh=True)
+
+    purged, again, value = asyncio.run(main())
+    assert purged >= 1
+    assert again
+    assert value == 2

@@ -161,3 +161,22 @@ def logging_writer(
         raise
     finally:
         os.close(fd)
+
+
+def sync_counter(where: Where, name: str, kind: str, rounds: int) -> None:
+    """A sync kit's process counting into ``name`` while an async kit does (the async
+    kit's tests): a sharded counter gets ``rounds`` increments of 1 and a keyed decrement
+    of 50 made twice; a buffered one ``rounds`` increments of 2, flushed every 100."""
+    with _connect(where) as kit:
+        if kind == "sharded":
+            counter = kit.sharded(name, shards=4)
+            for _ in range(rounds):
+                counter.incr()
+            counter.decr(50, key="sync-once")
+            counter.decr(50, key="sync-once")
+        else:
+            hits = kit.buffered(name, interval=3600)
+            for index in range(rounds):
+                hits.incr(2)
+                if index % 100 == 0:
+                    hits.flush()

@@ -205,6 +205,10 @@ class KitCore(Generic[_K]):
         info = yield from call(Store.open_counter, name, IdCore.kind, 1, grow=False)
         return self._keep(new(info, block))
 
+    def _purge_keys(self) -> Program[int]:
+        """Delete idempotency keys older than the kit's ``key_retention``; return how many."""
+        return (yield from call(Store.purge_keys, time.time() - self._options.key_retention))
+
     def _counters_in_store(self) -> Program[list[CounterInfo]]:
         """Every counter in the store, ordered by name."""
         return (yield from call(Store.counters))
@@ -480,9 +484,7 @@ class Kit(KitCore[Counter]):
         age = check_age(age)
         return self.mapper.ledger.purge(time.time() - age)
 
-    def purge_keys(self) -> int:
-        """Delete idempotency keys older than the kit's ``key_retention``; return how many."""
-        return self.store.purge_keys(time.time() - self._settings.key_retention)
+    purge_keys = blocking(KitCore._purge_keys)
 
 
 def connect(

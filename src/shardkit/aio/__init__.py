@@ -298,6 +298,7 @@ class AsyncKit(KitCore[AsyncCounter]):
         return await arun(job_statuses(self.store), self.store.roles)
 
     values = awaitable(KitCore._values)
+    purge_keys = awaitable(KitCore._purge_keys)
     parts = awaitable(KitCore._parts)
     flush_all = awaitable(KitCore._flush_all)
     counters = awaitable(KitCore._counters_in_store)

@@ -81,19 +81,6 @@ class CounterSettings(Options):
         """The backends, by the role each plays in the counters' programs."""
         return {"Store": self.store, "Cache": self.cache, "Adjuster": self.adjuster}
 
-    def best_effort(self, action: str, call: Callable[[], object]) -> None:
-        """Run a backend call whose failure must not fail the caller (the write it follows
-        has happened already: raising would invite a doubled retry); log the failure
-        (``failures``: the first of an outage, then a count now and then)."""
-        try:
-            call()
-        except BackendError as exc:
-            self.failures.failed(
-                action, "failed while %s (the call itself succeeded): %s", action, exc
-            )
-        else:
-            self.failures.worked(action)
-
 
 def best_effort(options: Options, action: str, step: Iterable[Call[Any]]) -> Program[None]:
     """Carry out ``step``, whose failure must not fail the caller (the write it follows
