@@ -538,3 +538,26 @@ def test_purging_keys_lets_a_key_apply_again(sqlite_url: str, name: str) -> None
     assert purged >= 1
     assert again
     assert value == 2
+
+
+def test_get_opens_an_existing_counter_of_whatever_kind(sqlite_url: str, name: str) -> None:
+    async def work(kit: shardkit.aio.AsyncKit) -> list[str]:
+        await (await kit.buffered(f"{name}:b")).incr(2)
+        await (await kit.ids(f"{name}:i")).next()
+        await (await kit.monotonic(f"{name}:m")).incr()
+        await (await kit.sharded(f"{name}:s")).incr()
+        with pytest.raises(shardkit.CounterNotFound):
+            await kit.get(f"{name}:none")
+        return [type(await kit.get(f"{name}:{k}")).__name__ for k in "bims"]
+
+    assert with_kit(sqlite_url, "memory://", work) == [
+        "AsyncBufferedCounter",
+        "AsyncIdAllocator",
+        "AsyncMonotonicCounter",
+        "AsyncShardedCounter",
+    ]
+
+    async def fresh(kit: shardkit.aio.AsyncKit) -> list[str]:  # not opened in this kit
+        return [(await kit.get(f"{name}:{k}")).kind for k in "bims"]
+
+    assert with_kit(sqlite_url, "memory://", fresh) == ["buffered", "ids", "monotonic", "sharded"]

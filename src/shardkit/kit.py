@@ -209,6 +209,19 @@ class KitCore(Generic[_K]):
         """Delete idempotency keys older than the kit's ``key_retention``; return how many."""
         return (yield from call(Store.purge_keys, time.time() - self._options.key_retention))
 
+    def _found(self, name: str) -> Program[_K | str]:
+        """The counter ``name`` if it was opened lately, else its kind, read from the
+        store; ``CounterNotFound`` if there is none."""
+        check_name(name)
+        with self._lock:
+            counter = self._counters.get(name)
+        if counter is not None:
+            return counter
+        info = yield from call(Store.counter, name)
+        if info is None:
+            raise CounterNotFound(f"no counter named {name!r} in {self.roles['Store'].url}")
+        return info.kind
+
     def _counters_in_store(self) -> Program[list[CounterInfo]]:
         """Every counter in the store, ordered by name."""
         return (yield from call(Store.counters))
@@ -399,19 +412,14 @@ class Kit(KitCore[Counter]):
     def get(self, name: str) -> Counter:
         """The existing counter ``name``, of whatever kind it is; raises
         ``CounterNotFound`` if there is none."""
-        check_name(name)
-        with self._lock:
-            counter = self._counters.get(name)
-        if counter is not None:
-            return counter
-        info = self.store.counter(name)
-        if info is None:
-            raise CounterNotFound(f"no counter named {name!r} in {self.store.url}")
-        if info.kind == BufferedCounter.kind:
+        found = run(self._found(name), self.roles)
+        if not isinstance(found, str):
+            return found
+        if found == BufferedCounter.kind:
             return self.buffered(name)
-        if info.kind == MonotonicCounter.kind:
+        if found == MonotonicCounter.kind:
             return self.monotonic(name)
-        if info.kind == IdAllocator.kind:
+        if found == IdAllocator.kind:
             return self.ids(name)
         return self.sharded(name)
 

@@ -286,6 +286,20 @@ class AsyncKit(KitCore[AsyncCounter]):
         )
         return await arun(opening, self.roles)
 
+    async def get(self, name: str) -> AsyncCounter:
+        """The existing counter ``name``, of whatever kind it is; raises
+        ``CounterNotFound`` if there is none."""
+        found = await arun(self._found(name), self.roles)
+        if not isinstance(found, str):
+            return found
+        if found == BufferedCore.kind:
+            return await self.buffered(name)
+        if found == MonotonicCore.kind:
+            return await self.monotonic(name)
+        if found == IdCore.kind:
+            return await self.ids(name)
+        return await self.sharded(name)
+
     async def job(self, job_id: str) -> AsyncJob:
         """The handle of mapping job ``job_id``; raises ``JobNotFound`` if there is
         none."""
