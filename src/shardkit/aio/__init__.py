@@ -9,10 +9,14 @@
         await views.incr()
         await views.value()
 
-The rules are the sync kit's own (each counter's logic is written once, as programs that
-both kits run: see ``shardkit._program``), so a sync and an async process count into the
-same counters exactly. Concurrent coroutines writing one counter share statements, as
-threads do in the sync kit. A kit belongs to the event loop it was opened on.
+Every counter kind (``sharded``, ``buffered``, ``monotonic``, ``ids``), ``values``,
+``parts``, ``flush_all``, ``purge_keys``, ``get``, and mapping jobs' handles (``job``,
+``jobs``: read and waited for; jobs are started with the sync kit). The rules are the
+sync kit's own (each is written once, as a program that both kits run: see
+``shardkit._program``), so sync and async processes count into the same counters
+exactly. Concurrent coroutines writing one counter share statements (or cache
+commands), as threads do in the sync kit; buffered counters' flushes are tasks of the
+event loop. A kit belongs to the event loop it was opened on.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ class AsyncSettings(Options):
     """The backends and settings an async kit hands each of its counters."""
 
     store: AsyncSqlStore
-    cache: Any  # an AsyncRedisCache, or the in-process MemoryCache (it never blocks)
+    cache: Any  # an AsyncRedisCache, an OffloadedCache, or the (never blocking) MemoryCache
     identity: str
     """The store's identity (see ``Store.identity``), read when the kit was opened."""
     adjuster: AsyncAdjuster = field(init=False, compare=False, repr=False)
