@@ -103,6 +103,27 @@ class KitCore(Generic[_K]):
                 self._counters.popitem(last=False)
         return counter
 
+    def _open(
+        self,
+        name: str,
+        kind: type[_C],
+        usable: Callable[[_C], bool],
+        new: Callable[[CounterInfo], _C],
+        shards: int | None = None,
+        *,
+        sharded: bool = False,
+    ) -> Program[_C]:
+        """The counter ``name`` of class ``kind``: the one opened lately if it is
+        ``usable``, else one made by ``new`` from the store's configuration, which is
+        created on first use — with ``shards`` shards (default 20) for a ``sharded``
+        kind, grown to them when they are more; one row otherwise."""
+        counter = self._opened(name, kind)
+        if counter is not None and usable(counter):
+            return counter
+        size, grow = (shards or DEFAULT_SHARDS, shards is not None) if sharded else (1, False)
+        info = yield from call(Store.open_counter, name, kind.kind, size, grow=grow)
+        return self._keep(new(info))
+
     def _open_sharded(
         self, name: str, shards: int | None, kind: type[_S], new: Callable[[CounterInfo], _S]
     ) -> Program[_S]:
@@ -113,17 +134,9 @@ class KitCore(Generic[_K]):
         check_name(name)
         if shards is not None:
             check_shards(shards, self._options.max_shards)
-        counter = self._opened(name, kind)
-        if counter is not None and (shards is None or shards <= counter._shards):
-            return counter
-        info = yield from call(
-            Store.open_counter,
-            name,
-            ShardedCore.kind,
-            shards or DEFAULT_SHARDS,
-            grow=shards is not None,
+        return self._open(
+            name, kind, lambda c: shards is None or shards <= c._shards, new, shards, sharded=True
         )
-        return self._keep(new(info))
 
     def _open_buffered(
         self,
@@ -135,12 +148,8 @@ class KitCore(Generic[_K]):
         """The buffered counter ``name`` (of class ``kind``, made by ``new``), created on
         first use, flushed every ``interval`` seconds by this kit."""
         check_name(name)
-        interval = check_interval(interval)
-        counter = self._opened(name, kind)
-        if counter is not None and counter.interval == interval:
-            return counter
-        info = yield from call(Store.open_counter, name, BufferedCore.kind, 1, grow=False)
-        return self._keep(new(info, interval))
+        every = check_interval(interval)
+        return self._open(name, kind, lambda c: c.interval == every, lambda i: new(i, every))
 
     def _save_counters(self) -> Program[None]:
         """With a private cache, whose contents die with the process, flush the buffered
@@ -175,22 +184,19 @@ class KitCore(Generic[_K]):
         if shards is not None:
             check_shards(shards, self._options.max_shards)
         chance = check_chance(chance_to_write)
-        counter = self._opened(name, kind)
-        if (
-            counter is not None
-            and (shards is None or shards <= counter.shards)
-            and counter.chance_to_write == chance
-            and random is None
-        ):
-            return counter
-        info = yield from call(
-            Store.open_counter,
+        draw = random or self._options.random
+        return self._open(
             name,
-            MonotonicCore.kind,
-            shards or DEFAULT_SHARDS,
-            grow=shards is not None,
+            kind,
+            lambda c: (
+                (shards is None or shards <= c.shards)
+                and c.chance_to_write == chance
+                and random is None
+            ),
+            lambda info: new(info, chance, draw),
+            shards,
+            sharded=True,
         )
-        return self._keep(new(info, chance, random or self._options.random))
 
     def _open_ids(
         self, name: str, block: int, kind: type[_I], new: Callable[[CounterInfo, int], _I]
@@ -198,12 +204,8 @@ class KitCore(Generic[_K]):
         """The id allocator ``name`` (of class ``kind``, made by ``new``): see
         ``Kit.ids``."""
         check_name(name)
-        block = check_block(block)
-        counter = self._opened(name, kind)
-        if counter is not None and counter.block == block:
-            return counter
-        info = yield from call(Store.open_counter, name, IdCore.kind, 1, grow=False)
-        return self._keep(new(info, block))
+        size = check_block(block)
+        return self._open(name, kind, lambda c: c.block == size, lambda info: new(info, size))
 
     def _purge_keys(self) -> Program[int]:
         """Delete idempotency keys older than the kit's ``key_retention``; return how many."""
@@ -235,7 +237,7 @@ class KitCore(Generic[_K]):
         flushed, then ``FlushFailed`` is raised, its ``failed`` naming each failed
         counter with its error and its ``moved`` holding what this call would have
         returned."""
-        infos = yield from call(Store.counters)
+        infos = yield from self._counters_in_store()
         names = [info.name for info in infos if info.kind == BufferedCore.kind]
         return (yield from flush_counters(self._options, names))
 

@@ -78,7 +78,7 @@ class RedisCore:
 
     shared = True
 
-    def __init__(self, client: Any, *, url: str | None, owns_client: bool) -> None:
+    def __init__(self, client: Any, *, url: str | None = None, owns_client: bool = False):
         self._client = client
         self._owns_client = owns_client
         self._redis = _redis_module()
@@ -155,9 +155,6 @@ class RedisCache(RedisCore):
     Thread-safe and fork-safe (redis-py's connection pool reconnects in a child).
     """
 
-    def __init__(self, client: Any, *, url: str | None = None, owns_client: bool = False):
-        super().__init__(client, url=url, owns_client=owns_client)
-
     @classmethod
     def from_url(cls, url: str) -> RedisCache:
         return cls(_client(_redis_module().Redis, url), url=url, owns_client=True)
@@ -178,9 +175,6 @@ class RedisCache(RedisCore):
 class AsyncRedisCache(RedisCore):
     """Redis as the shared cache of an async kit (``redis.asyncio``): ``RedisCache``'s
     methods, awaited, on the same keys."""
-
-    def __init__(self, client: Any, *, url: str | None = None, owns_client: bool = False):
-        super().__init__(client, url=url, owns_client=owns_client)
 
     @classmethod
     def from_url(cls, url: str) -> AsyncRedisCache:

@@ -18,6 +18,7 @@ from typing import Any
 
 from shardkit._failures import FailureLog
 from shardkit._fork import reset_in_child
+from shardkit._program import Program, arun, call, run
 from shardkit.cache.base import Cache
 from shardkit.errors import BackendError
 
@@ -116,17 +117,7 @@ class Adjuster:
                 changed.notify_all()
 
     def _send(self, batch: dict[str, int]) -> None:
-        deltas = {key: delta for key, delta in batch.items() if delta}
-        try:
-            self._cache.incr_many(deltas)
-        except Exception as exc:  # on the thread, nobody else would see it
-            self._failures.failed(_ADJUSTING, "failed while %s: %s", _ADJUSTING, exc)
-            for key in deltas:
-                # The cache is failing (logged above): a value it keeps has its TTL.
-                with contextlib.suppress(BackendError):
-                    self._cache.delete(key)
-        else:
-            self._failures.worked(_ADJUSTING)
+        run(sending(self._failures, batch), {"Cache": self._cache})
 
 
 class AsyncAdjuster:
@@ -149,8 +140,8 @@ class AsyncAdjuster:
     def add(self, key: str, delta: int) -> None:
         """Move the cached value under ``key`` (if present) by ``delta``: soon, or at
         once with an in-process cache."""
-        if not self._cache.shared:
-            self._cache.incr_many({key: delta})
+        if not self._cache.shared:  # the in-process cache: it never blocks
+            run(sending(self._failures, {key: delta}), {"Cache": self._cache})
             return
         self._pending[key] = self._pending.get(key, 0) + delta
         self._added += 1
@@ -191,13 +182,20 @@ class AsyncAdjuster:
         self._task = None
 
     async def _send(self, batch: dict[str, int]) -> None:
-        deltas = {key: delta for key, delta in batch.items() if delta}
-        try:
-            await self._cache.incr_many(deltas)
-        except Exception as exc:  # in the task, nobody else would see it
-            self._failures.failed(_ADJUSTING, "failed while %s: %s", _ADJUSTING, exc)
-            for key in deltas:
-                with contextlib.suppress(BackendError):
-                    await self._cache.delete(key)
-        else:
-            self._failures.worked(_ADJUSTING)
+        await arun(sending(self._failures, batch), {"Cache": self._cache})
+
+
+def sending(failures: FailureLog, batch: dict[str, int]) -> Program[None]:
+    """Send a batch of adjustments in one call. A batch that fails is logged and its keys
+    deleted (best effort: a value the failing cache keeps has its TTL); nothing raises,
+    since the writes it follows are committed, and nobody else would see it."""
+    deltas = {key: delta for key, delta in batch.items() if delta}
+    try:
+        yield from call(Cache.incr_many, deltas)
+    except Exception as exc:
+        failures.failed(_ADJUSTING, "failed while %s: %s", _ADJUSTING, exc)
+        for key in deltas:
+            with contextlib.suppress(BackendError):
+                yield from call(Cache.delete, key)
+    else:
+        failures.worked(_ADJUSTING)

@@ -97,13 +97,12 @@ class ShardedCore:
                     outcomes.append(exc)
             return outcomes
         # A writer's home shard: its ticket (taken once), within the current shard count.
-        pid, ticket = getattr(self._local, "ticket", (None, 0))
-        if pid != os.getpid():  # a forked child takes its own ticket, not its parent's
-            ticket = yield from take_ticket(self._options, self._ticket_key)
-            self._local.ticket = (os.getpid(), ticket)
+        ticket = held_ticket(self._local)
+        if ticket is None:
+            ticket = yield from take_ticket(self._options, self._ticket_key, self._local)
         if time.monotonic() - self._shards_read_at > _SHARDS_REFRESH:
             yield from self._refresh_shards()
-        shard = int(ticket) % self._shards
+        shard = ticket % self._shards
         applied = yield from call(Store.add_many, self.name, shard, writes)
         moved = sum(delta for (delta, _), ok in zip(writes, applied, strict=True) if ok)
         if moved:
@@ -218,10 +217,19 @@ class ShardedCounter(ShardedCore):
         return run(self._refresh_shards(), self.roles)
 
 
-def take_ticket(options: Options, key: str) -> Program[int]:
+def held_ticket(local: Any) -> int | None:
+    """The shard ticket ``local`` holds for this process, or None: none taken yet, or
+    taken by the parent of this forked child (which takes its own, not its parent's
+    shard)."""
+    pid, ticket = getattr(local, "ticket", (None, 0))
+    return int(ticket) if pid == os.getpid() else None
+
+
+def take_ticket(options: Options, key: str, local: Any) -> Program[int]:
     """A number unique among the takers of ``key``'s tickets while the cache keeps it, to
-    pick a home shard by; the first taker seeds it at random, so that private
-    (per-process) caches still spread their processes over the shards."""
+    pick a home shard by, kept in ``local`` for this process (see ``held_ticket``); the
+    first taker seeds it at random, so that private (per-process) caches still spread
+    their processes over the shards."""
     failures = options.failures
     try:
         yield from call(Cache.add, key, random.randrange(1 << 30), 86400)
@@ -231,4 +239,6 @@ def take_ticket(options: Options, key: str) -> Program[int]:
         ticket = None
     else:
         failures.worked(_TICKET)
-    return random.randrange(1 << 30) if ticket is None else ticket
+    taken = random.randrange(1 << 30) if ticket is None else ticket
+    local.ticket = (os.getpid(), taken)
+    return taken

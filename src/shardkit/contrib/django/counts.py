@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import threading
 from collections.abc import Sequence
 from functools import partial
@@ -33,7 +32,7 @@ from django.db.models.query import ModelIterable
 
 from shardkit._program import run
 from shardkit.counters import BufferedCounter, ShardedCounter
-from shardkit.counters.sharded import take_ticket
+from shardkit.counters.sharded import held_ticket, take_ticket
 from shardkit.errors import ValidationError
 from shardkit.kit import Kit
 from shardkit.validation import check_delta, check_interval, check_shards
@@ -410,12 +409,12 @@ _tickets = threading.local()
 def _home_shard(the_kit: Kit, shards: int) -> int:
     """This thread's shard of every count it writes by statement: a ticket per thread
     and process, so that concurrent writers of one hot object write different rows."""
-    pid, ticket = getattr(_tickets, "ticket", (None, 0))
-    if pid != os.getpid():
+    ticket = held_ticket(_tickets)
+    if ticket is None:
         settings = the_kit.settings
-        ticket = run(take_ticket(settings, settings.cache_key("django", "ticket")), settings.roles)
-        _tickets.ticket = (os.getpid(), ticket)
-    return int(ticket) % shards
+        taking = take_ticket(settings, settings.cache_key("django", "ticket"), _tickets)
+        ticket = run(taking, settings.roles)
+    return ticket % shards
 
 
 __all__ = ["BoundCount", "CountingQuerySet", "NotACountingUpdate", "ShardedCount", "counts_of"]
