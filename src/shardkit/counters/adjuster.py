@@ -50,6 +50,7 @@ class Adjuster:
         self._cache = cache
         self._failures = failures
         self._delay = delay
+        self._roles = {"Cache": cache}  # what ``sending`` runs on
         self._reset()
         reset_in_child(self, Adjuster._reset)
 
@@ -117,7 +118,7 @@ class Adjuster:
                 changed.notify_all()
 
     def _send(self, batch: dict[str, int]) -> None:
-        run(sending(self._failures, batch), {"Cache": self._cache})
+        run(sending(self._failures, batch), self._roles)
 
 
 class AsyncAdjuster:
@@ -130,6 +131,7 @@ class AsyncAdjuster:
         self._cache = cache  # an async cache, or the (never blocking) in-process one
         self._failures = failures
         self._delay = delay
+        self._roles = {"Cache": cache}  # what ``sending`` runs on
         self._pending: dict[str, int] = {}
         self._added = 0
         self._sent = 0
@@ -141,7 +143,7 @@ class AsyncAdjuster:
         """Move the cached value under ``key`` (if present) by ``delta``: soon, or at
         once with an in-process cache."""
         if not self._cache.shared:  # the in-process cache: it never blocks
-            run(sending(self._failures, {key: delta}), {"Cache": self._cache})
+            run(sending(self._failures, {key: delta}), self._roles)
             return
         self._pending[key] = self._pending.get(key, 0) + delta
         self._added += 1
@@ -182,7 +184,7 @@ class AsyncAdjuster:
         self._task = None
 
     async def _send(self, batch: dict[str, int]) -> None:
-        await arun(sending(self._failures, batch), {"Cache": self._cache})
+        await arun(sending(self._failures, batch), self._roles)
 
 
 def sending(failures: FailureLog, batch: dict[str, int]) -> Program[None]:
