@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -140,6 +142,35 @@ def wait_for(
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} {status()}")
         time.sleep(0.005)
+
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(url: str) -> Samples:
+    """The samples a Prometheus endpoint serves now, by name and labels (parsed by
+    prometheus_client's own parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def sample(samples: Samples, name: str, **labels: str) -> float:
+    """One sample's value (0 if absent: a labelled metric has no child until used)."""
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (for a server a test starts)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _missing(reason: str | None) -> None:

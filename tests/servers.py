@@ -17,7 +17,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -31,17 +30,11 @@ import redis
 from pymemcache.client.base import Client as MemcacheClient
 from sqlalchemy.engine import make_url
 
-from conftest import CI
+from conftest import CI, free_port
 
 STARTUP = 30.0  # seconds a server may take to answer (PostgreSQL replays its WAL)
 SHUTDOWN = 15.0  # seconds a server may take to exit before it is SIGKILLed
 _ROOT = os.geteuid() == 0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def unavailable(reason: str) -> None:
@@ -68,7 +61,7 @@ class Server:
         self.dir = Path(tempfile.mkdtemp(prefix=f"shardkit-{self.name}-"))
         if self.user and _ROOT:
             shutil.chown(self.dir, self.user)
-        self.port = _free_port()
+        self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -236,7 +237,10 @@ def test_one_flush_is_scheduled_per_interval(store_url: str, cache_url: str, nam
         assert [accepted for *_, accepted in first.submitted].count(True) == 1
         # Kits sharing a cache share the marks: the second kit's submission is a no-op.
         shared = cache_url != "memory://"
-        assert second.submitted == [("flush", {"name": name}, not shared)]
+        [(task, args, accepted)] = second.submitted
+        assert (task, args["name"], accepted) == ("flush", name, not shared)
+        # The start of the interval it flushes, for its lag (the metric).
+        assert args["since"] % NEVER == 0 and 0 <= time.time() - args["since"] < 2 * NEVER
 
 
 def test_the_scheduled_flush_runs_when_its_interval_ends(kit: shardkit.Kit, name: str) -> None:

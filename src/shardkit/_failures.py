@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from shardkit import metrics
 from shardkit._fork import reset_in_child
 
 EVERY = 10.0  # seconds between two warnings of one kind of failure
@@ -69,6 +70,7 @@ class FailureLog:
     def failed(self, kind: str, message: str, *args: object) -> None:
         """Count a failure of ``kind``; log ``message % args`` unless a line of this kind
         was logged less than ``every`` seconds ago."""
+        metrics.meter.rode_out(kind)
         now = self._clock()
         with self._lock:
             outage = self._outages.get(kind)

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Column, Table
 
 import shardkit
+from shardkit.validation import check_name
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -368,6 +369,77 @@ def job_resume(context: Context, job_id: str) -> None:
     out.print(f"{job_id}: {_state(status.state)}, {status.rows:,} rows")
     if status.state != "complete":
         sys.exit(1)
+
+
+_COUNTER_HELP = "A counter whose value to export as shardkit_counter_value (repeatable)."
+
+
+@main.command()
+@click.option("--port", type=click.IntRange(1, 65535), default=9464, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--counter", "counters", multiple=True, help=_COUNTER_HELP)
+@pass_context
+def metrics(context: Context, port: int, host: str, counters: tuple[str, ...]) -> None:
+    """Serve Prometheus metrics at http://HOST:PORT/metrics until stopped: those of every
+    process sharing $PROMETHEUS_MULTIPROC_DIR (web workers, Celery's pool) and, read
+    from the store and cache at each scrape, jobs' progress, pending increments and the
+    values of the --counter names."""
+    from shardkit.monitor.exporter import serve
+
+    for name in counters:
+        check_name(name)
+    server = serve(context.kit, port, host, counters)
+    out.print(f"serving metrics on http://{host}:{server.port}/metrics")
+    with _stopped_by_sigterm():
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            out.print("stopped")
+        finally:
+            server.close()
+
+
+@main.command()
+@click.option("--port", type=click.IntRange(1, 65535), default=8050, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--token",
+    envvar="SHARDKIT_DASHBOARD_TOKEN",
+    help="Allows cancelling and resuming jobs to whoever gives it ($SHARDKIT_DASHBOARD_TOKEN; "
+    "16 characters or more). Without it the dashboard is read-only.",
+)
+@click.option(
+    "--refresh",
+    type=click.FloatRange(0.1, 3600),
+    default=1.0,
+    show_default=True,
+    help="Seconds between two updates of the page.",
+)
+@click.option("--counter", "counters", multiple=True, help=_COUNTER_HELP)
+@pass_context
+def dashboard(
+    context: Context,
+    port: int,
+    host: str,
+    token: str | None,
+    refresh: float,
+    counters: tuple[str, ...],
+) -> None:
+    """Serve a live web page of counters and mapping jobs (with /metrics) until stopped."""
+    from shardkit.monitor.asgi import dashboard as app
+
+    try:
+        import uvicorn
+    except ImportError as exc:
+        raise shardkit.MissingDriver(
+            "serving needs uvicorn: pip install 'shardkit[dashboard]'"
+        ) from exc
+
+    for name in counters:
+        check_name(name)
+    served = app(context.kit, token=token, refresh=refresh, counters=counters)
+    out.print(f"dashboard on http://{host}:{port}/ ({'read-write' if token else 'read-only'})")
+    uvicorn.run(served, host=host, port=port, log_level="warning")
 
 
 @main.command()

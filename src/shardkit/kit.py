@@ -13,6 +13,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import QueuePool
 
+from shardkit import metrics
 from shardkit._program import Program, blocking, call, run
 from shardkit.cache import Cache, open_cache
 from shardkit.counters import (
@@ -24,7 +25,13 @@ from shardkit.counters import (
 )
 from shardkit.counters.adjuster import Adjuster
 from shardkit.counters.base import Options, best_effort, log
-from shardkit.counters.buffered import BufferedCore, Parts, flush_counters, read_parts
+from shardkit.counters.buffered import (
+    BufferedCore,
+    Parts,
+    flush_counters,
+    read_parts,
+    scheduled_flush,
+)
 from shardkit.counters.ids import IdCore
 from shardkit.counters.monotonic import MonotonicCore
 from shardkit.counters.sharded import ShardedCore
@@ -300,9 +307,7 @@ class Kit(KitCore[Counter]):
     def _tasks(self) -> Mapping[str, Any]:
         """The background tasks counters submit to the executor, by name (JSON args)."""
         return {
-            "flush": lambda args: run(
-                flush_counters(self._settings, [check_name(args["name"])]), self.roles
-            ),
+            "flush": lambda args: run(scheduled_flush(self._settings, args), self.roles),
             "flush_all": lambda args: self.flush_all(),
             TASK: lambda args: self.mapper.run_range(args["job"], args["range"]),
         }
@@ -591,6 +596,7 @@ def build(
     Reaches neither: no schema is created and no server is pinged (integrations that
     manage their own schema, such as the Django app, build their kit with this)."""
     check_kit_options(prefix, cache_ttl, max_shards, key_retention, adjust_delay)
+    metrics.start()
     settings = CounterSettings(
         store=store,
         cache=cache,

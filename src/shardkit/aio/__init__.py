@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardkit import _urls
+from shardkit import _urls, metrics
 from shardkit._combine import AsyncCombiner
 from shardkit._program import arun, awaitable
 from shardkit.aio.cache import OffloadedCache
@@ -37,7 +37,7 @@ from shardkit.aio.store import AsyncSqlStore, async_engine_from_url
 from shardkit.cache.memory import MemoryCache
 from shardkit.counters.adjuster import AsyncAdjuster
 from shardkit.counters.base import Options
-from shardkit.counters.buffered import BufferedCore, Sides, flush_counters
+from shardkit.counters.buffered import BufferedCore, Sides, scheduled_flush
 from shardkit.counters.ids import IdCore
 from shardkit.counters.monotonic import MonotonicCore
 from shardkit.counters.sharded import ShardedCore, Write
@@ -46,7 +46,7 @@ from shardkit.kit import DEFAULT_CACHE, DEFAULT_INTERVAL, DEFAULT_STORE, KitCore
 from shardkit.mapper.job import JobCore
 from shardkit.mapper.ledger import JobStatus, job_statuses
 from shardkit.store.base import CounterInfo
-from shardkit.validation import check_job_id, check_kit_options, check_name
+from shardkit.validation import check_job_id, check_kit_options
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -182,6 +182,7 @@ class AsyncJob(JobCore):
         self.roles = {**store.roles, "Finishes": _Polling()}
 
     status = awaitable(JobCore._status)
+    ranges = awaitable(JobCore._ranges)
     wait = awaitable(JobCore._wait)
 
 
@@ -199,9 +200,7 @@ class AsyncKit(KitCore[AsyncCounter]):
         self.executor = LoopExecutor(settings.cache, lambda n: settings.cache_key(n, "task"))
         self.executor.bind(
             {
-                "flush": lambda args: arun(
-                    flush_counters(settings, [check_name(args["name"])]), self.roles
-                ),
+                "flush": lambda args: arun(scheduled_flush(settings, args), self.roles),
                 "flush_all": lambda args: self.flush_all(),
             }
         )
@@ -358,6 +357,7 @@ def connect(
     are reached before the kit is returned. ``await`` it, or ``async with`` it (closed on
     leaving)."""
     check_kit_options(prefix, cache_ttl, max_shards, key_retention, adjust_delay)
+    metrics.start()
     options = {
         "cache_ttl": cache_ttl,
         "max_shards": max_shards,

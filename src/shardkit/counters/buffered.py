@@ -49,6 +49,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
+from shardkit import metrics
 from shardkit._combine import Combiner
 from shardkit._program import Program, blocking, call, run
 from shardkit.cache.base import Cache
@@ -62,7 +63,7 @@ from shardkit.errors import (
 )
 from shardkit.executor.base import Executor
 from shardkit.store.base import RETIRED, CounterInfo, Flushed, Store
-from shardkit.validation import INT64_MAX, INT64_MIN, check_delta, check_interval
+from shardkit.validation import INT64_MAX, INT64_MIN, check_delta, check_interval, check_name
 
 # A writer that finds its generation dead adopts or starts another; a cache being wiped
 # again and again while it does so gives up after this many tries.
@@ -148,6 +149,9 @@ class BufferedCore:
         delta = check_delta(delta)
         if abs(delta) > MAX_DELTA:
             raise InvalidDelta(f"delta {delta} is outside ±2**40, a buffered counter's limit")
+        return metrics.timed(self.kind, self._add(delta))
+
+    def _add(self, delta: int) -> Program[None]:
         if delta:
             yield from call(Bumps.__call__, int(delta < 0), abs(delta))
             yield from self._schedule()
@@ -159,6 +163,7 @@ class BufferedCore:
     def _bump(self, side: int, amounts: Sequence[int]) -> Program[list[None]]:
         """Add a batch of increments (``side`` 0) or decrements (1) to the generation's
         sum, in one cache command."""
+        metrics.meter.combined(self.kind, len(amounts))
         amount = sum(amounts)
         writing = self._writing
         for _ in range(_ATTEMPTS):
@@ -228,7 +233,7 @@ class BufferedCore:
             yield from call(
                 Executor.submit,
                 "flush",
-                {"name": self.name},
+                {"name": self.name, "since": number * self.interval},
                 delay=delay,
                 dedupe=f"flush:{self.name}:{number}",
                 window=self.interval,
@@ -364,6 +369,17 @@ def read_parts(options: Options, names: Iterable[str]) -> Program[dict[str, Part
     return parts
 
 
+def scheduled_flush(options: Options, args: Mapping[str, Any]) -> Program[dict[str, int]]:
+    """The executor's ``flush`` task: flush the counter ``args["name"]``, and report the
+    flush's lag: from ``args["since"]``, the start of the interval whose first increment
+    scheduled it (its oldest increment, unless an earlier flush failed), to now."""
+    moved = yield from flush_counters(options, [check_name(args["name"])])
+    since = args.get("since")
+    if moved and isinstance(since, int | float):
+        metrics.meter.flush_lag(time.time() - since)
+    return moved
+
+
 def flush_counters(options: Options, names: Iterable[str]) -> Program[dict[str, int]]:
     """Flush the buffered counters ``names``: for each generation, advance the store's
     record to the cache's sums. Returns the amount moved per counter that moved.
@@ -391,12 +407,17 @@ def flush_counters(options: Options, names: Iterable[str]) -> Program[dict[str, 
             live = yield from call(Cache.get_many, [key for pair in keys.values() for key in pair])
         except ShardkitError as exc:
             failed.update(dict.fromkeys(batch, exc))
+            for _ in batch:
+                metrics.meter.flushed("failed")
             continue
         for name, generations in recorded.items():
             try:
                 yield from _flush_one(options, name, generations, live, moved)
             except ShardkitError as exc:
                 failed[name] = exc
+            metrics.meter.flushed(
+                "failed" if name in failed else "moved" if moved.get(name) else "idle"
+            )
     if failed:
         raise FlushFailed(failed, moved)
     return moved
@@ -435,6 +456,7 @@ def _flush_one(
                 break
             # Another flush advanced the record (go on from what it applied), or folded
             # the generation (its keys were gone: nothing is left to apply).
+            metrics.meter.lost_race()
             newer_records = yield from call(Store.generations, [name])
             newer = newer_records.get(name, {}).get(generation)
             if newer is not None:

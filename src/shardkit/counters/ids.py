@@ -27,6 +27,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from shardkit import metrics
 from shardkit._program import Program, blocking, call
 from shardkit.cache.base import Cache
 from shardkit.counters.base import CounterSettings, Options
@@ -82,6 +83,9 @@ class IdCore:
         A block whose key the cache fails to increment is left behind, as if lost (its
         unused ids become a hole). (memcached's refusals of a key holding a number are
         repaired by the cache itself; this is for a cache that gives up.)"""
+        return metrics.timed(self.kind, self._new_id())
+
+    def _new_id(self) -> Program[int]:
         losses = refusals = 0
         while True:
             mark, key = self._mark, self._key
@@ -144,6 +148,8 @@ class IdCore:
             raise
         if spent:
             yield from call(Cache.delete, self._key_of(spent))  # used up or lost
+        if lost:
+            metrics.meter.lost_block()
         return lost
 
     def _wait_for_newer(self, spent: int, claim: str) -> Program[int | None]:
@@ -166,6 +172,7 @@ class IdCore:
     def _start(self) -> Program[None]:
         """Reserve a block in the store and publish its generation in the cache."""
         mark = yield from call(Store.reserve, self.name, self.block)
+        metrics.meter.reserved(self.block)
         yield from call(Cache.add, self._key_of(mark), mark - self.block, None)
         yield from call(Cache.delete, self._pointer_key)
         yield from call(Cache.add, self._pointer_key, mark, None)

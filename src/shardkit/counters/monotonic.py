@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from shardkit import metrics
 from shardkit._program import Program, blocking, call
 from shardkit.cache.base import Cache
 from shardkit.counters.base import CounterSettings, Options, best_effort
@@ -59,6 +60,9 @@ class MonotonicCore:
         """
         if isinstance(delta, bool) or not isinstance(delta, int) or not 1 <= delta <= INT64_MAX:
             raise InvalidDelta(f"a monotonic counter takes deltas ≥ 1, not {delta!r}")
+        return metrics.timed(self.kind, self._add(delta))
+
+    def _add(self, delta: int) -> Program[int]:
         for _ in range(_ATTEMPTS):
             value = yield from call(Cache.incr, self._key, delta)
             if value is not None:

@@ -9,6 +9,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from shardkit import metrics
 from shardkit._combine import Combiner
 from shardkit._program import Program, blocking, call, run
 from shardkit.cache.base import Cache
@@ -66,11 +67,11 @@ class ShardedCore:
 
         Returns True when applied, False when ``key`` had been applied already.
         """
-        return self._add(check_delta(delta), key)
+        return metrics.timed(self.kind, self._add(check_delta(delta), key))
 
     def _decr(self, delta: int = 1, *, key: str | None = None) -> Program[bool]:
         """Subtract ``delta``; the same contract as ``incr``."""
-        return self._add(check_delta(-check_delta(delta)), key)
+        return metrics.timed(self.kind, self._add(check_delta(-check_delta(delta)), key))
 
     def _add(self, delta: int, key: str | None) -> Program[bool]:
         options = self._options
@@ -96,6 +97,7 @@ class ShardedCore:
                 except ShardkitError as exc:
                     outcomes.append(exc)
             return outcomes
+        metrics.meter.combined(self.kind, len(writes))
         # A writer's home shard: its ticket (taken once), within the current shard count.
         ticket = held_ticket(self._local)
         if ticket is None:

@@ -16,10 +16,13 @@ from shardkit.mapper.ledger import (
     FAILED,
     FINISHED,
     JobStatus,
+    RangeInfo,
+    job_ranges,
     job_state,
     job_statuses,
 )
 from shardkit.store.sql import SqlCore
+from shardkit.validation import check_count
 
 if TYPE_CHECKING:
     from shardkit.mapper.runner import Mapper
@@ -94,6 +97,11 @@ class JobCore:
             raise JobNotFound(f"no job {self.id!r} in {self._store.url}")
         return found[0]
 
+    def _ranges(self, limit: int = 1000) -> Program[list[RangeInfo]]:
+        """The job's ranges, root first then level by level (at most ``limit``, 1 …
+        1,000,000): its tree of splits, each range with its state and progress."""
+        return (yield from job_ranges(self._store, self.id, check_count(limit)))
+
     def _wait(self, timeout: float | None = None, *, poll: float = 0.1) -> Program[JobStatus]:
         """Wait until the job is complete and return its status. Raises ``JobFailed`` if
         it failed or was cancelled, ``JobTimeout`` after ``timeout`` seconds. Reads only
@@ -131,6 +139,7 @@ class Job(JobCore):
         self.roles = {**mapper.store.roles, "Finishes": mapper}
 
     status = blocking(JobCore._status)
+    ranges = blocking(JobCore._ranges)
     wait = blocking(JobCore._wait)
 
     def cancel(self) -> bool:

@@ -57,7 +57,8 @@ class JobStatus:
     ``rows`` counts rows visited (a page retried in a non-transactional job counts once
     per commit); ``estimate`` is the source's row count when the job started (None until
     its first task ran); ``pending`` ranges are queued or in flight; ``depth`` is the
-    deepest split so far.
+    deepest split so far; ``failures`` counts the failed attempts of its ranges (each
+    retried, until ``retries`` is spent; ``resume()`` clears the pending ones').
     """
 
     id: str
@@ -71,10 +72,27 @@ class JobStatus:
     created_at: float
     finished_at: float | None
     error: str | None
+    failures: int = 0
 
     @property
     def finished(self) -> bool:
         return self.state in FINISHED
+
+
+@dataclass(frozen=True)
+class RangeInfo:
+    """A range of a job, as the ledger holds it: its bounds, the range it was split from
+    (None for the root), its state, and what was done in it so far."""
+
+    id: str
+    parent: str | None
+    range: KeyRange
+    state: str
+    depth: int
+    rows: int
+    pages: int
+    failures: int
+    error: str | None
 
 
 class RangeLedger:
@@ -386,7 +404,7 @@ def _range_row(range_id: str, row: Any) -> RangeRow:
     )
 
 
-__all__ = ["Child", "JobStatus", "RangeLedger", "RangeRow"]
+__all__ = ["Child", "JobStatus", "RangeInfo", "RangeLedger", "RangeRow"]
 
 
 def job_state(store: SqlCore, job: str) -> Program[str | None]:
@@ -408,11 +426,12 @@ def job_statuses(store: SqlCore, job: str | None = None) -> Program[list[JobStat
             sa.func.sum(ranges.c.rows).label("rows"),
             sa.func.sum(ranges.c.pages).label("pages"),
             sa.func.max(ranges.c.depth).label("depth"),
+            sa.func.sum(ranges.c.failures).label("failures"),
         )
         .group_by(ranges.c.job)
         .subquery()
     )
-    counts = [per_job.c[name] for name in ("pending", "done", "rows", "pages", "depth")]
+    counts = [per_job.c[name] for name in ("pending", "done", "rows", "pages", "depth", "failures")]
     statement = (
         sa.select(jobs, *counts)
         .outerjoin(per_job, per_job.c.job == jobs.c.id)
@@ -433,6 +452,34 @@ def job_statuses(store: SqlCore, job: str | None = None) -> Program[list[JobStat
             pages=int(row.pages or 0),
             created_at=float(row.created_at),
             finished_at=None if row.finished_at is None else float(row.finished_at),
+            error=row.error,
+            failures=int(row.failures or 0),
+        )
+        for row in rows
+    ]
+
+
+def job_ranges(store: SqlCore, job: str, limit: int) -> Program[list[RangeInfo]]:
+    """The first ``limit`` ranges of ``job`` by depth (its tree from the root down), in
+    one query."""
+    ranges = store.ranges_table
+    statement = (
+        sa.select(ranges)
+        .where(ranges.c.job == job)
+        .order_by(ranges.c.depth, ranges.c.created_at, ranges.c.id)
+        .limit(limit)
+    )
+    rows = yield from call(Sql.read, f"reading the ranges of job {job!r}", statement)
+    return [
+        RangeInfo(
+            id=row.id,
+            parent=row.parent,
+            range=KeyRange(load_key(row.lo), load_key(row.hi)),
+            state=row.state,
+            depth=row.depth,
+            rows=int(row.rows),
+            pages=row.pages,
+            failures=row.failures,
             error=row.error,
         )
         for row in rows

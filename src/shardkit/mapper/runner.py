@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy.engine import Connection
 
+from shardkit import metrics
 from shardkit._failures import FailureLog
 from shardkit.errors import ConfigurationError, JobNotFound, ShardkitError
 from shardkit.executor import Executor, LocalExecutor
@@ -269,6 +270,7 @@ class Mapper:
         Idempotent: a range that is done (or a job that is not running) is left alone,
         except that the pending children of a done range are submitted again (the run
         that split it may have died before submitting them)."""
+        metrics.meter.running(job, 1)
         try:
             spec = self._spec(job)
             if spec is None:
@@ -289,6 +291,8 @@ class Mapper:
                 return
         except Exception as exc:
             self._failed(job, range_id, exc)
+        finally:
+            metrics.meter.running(job, -1)
 
     def _ran(self, job: str, range_id: str) -> None:
         """A run of the range ended well: forget its failures that the store missed."""

@@ -11,6 +11,8 @@
         "SECRET": None,                 # signs mapping closures ($SHARDKIT_SECRET)
         "CACHE_TTL": 5.0, "MAX_SHARDS": 1000, "KEY_RETENTION": 86400.0,
         "ADJUST_DELAY": 0.02,           # seconds writes' cache adjustments gather
+        "DASHBOARD_TOKEN": None,        # lets the dashboard cancel and resume jobs
+        "METRICS_COUNTERS": [],         # counters whose values /metrics exports
     }
 
 The kit is built in ``AppConfig.ready()`` without reaching the database or the cache,
@@ -46,6 +48,8 @@ _DEFAULTS: dict[str, Any] = {
     "MAX_SHARDS": 1000,
     "KEY_RETENTION": 86400.0,
     "ADJUST_DELAY": 0.02,
+    "DASHBOARD_TOKEN": None,
+    "METRICS_COUNTERS": [],
 }
 
 _lock = threading.Lock()

@@ -1,0 +1,228 @@
+"""What the counters and jobs do, as Prometheus metrics (``shardkit[metrics]``).
+
+Counters and jobs report to ``meter``: a ``Meter`` that drops everything until
+``enable()`` replaces it with one that records into ``prometheus_client`` metrics. Opening
+a kit enables it by itself when ``prometheus_client`` is installed, unless
+``$SHARDKIT_METRICS`` is ``off``. Recording is in-process and never does I/O; under a
+pre-fork server or Celery's prefork pool, set ``$PROMETHEUS_MULTIPROC_DIR`` before the
+processes start (prometheus_client's multiprocess mode) and every process's metrics are
+summed where they are served (``shardkit.monitor``).
+
+Every label has a bounded set of values: counter kinds, outcomes, the actions the kit
+rides out failures of, and mapping job ids; never a counter's name (the per-counter
+gauges that ``shardkit.monitor`` reads at scrape time are for names the user lists).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, TypeVar
+
+from shardkit._program import Program
+from shardkit.errors import MissingDriver
+
+T = TypeVar("T")
+
+# Outcomes of a write.
+APPLIED, REPEATED, FAILED = "applied", "repeated", "failed"
+
+_WRITE_SECONDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_LAG_SECONDS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class Meter:
+    """Receives what the counters and jobs do. This one drops it all (metrics off); every
+    method is cheap enough for a write's path, and none does I/O or raises."""
+
+    enabled = False
+
+    def wrote(self, kind: str, outcome: str, seconds: float) -> None:
+        """A write of a counter of ``kind`` ended with ``outcome`` after ``seconds``."""
+
+    def combined(self, kind: str, size: int) -> None:
+        """One backend call carried ``size`` writes of a counter of ``kind``."""
+
+    def rode_out(self, action: str) -> None:
+        """A call failed without failing its caller (``FailureLog``): a cache error the
+        kit fell back from, or a background task that failed."""
+
+    def flushed(self, outcome: str) -> None:
+        """A buffered counter's flush ended: ``moved`` something, ``idle``, ``failed``."""
+
+    def flush_lag(self, seconds: float) -> None:
+        """A scheduled flush moved increments made at most ``seconds`` ago."""
+
+    def lost_race(self) -> None:
+        """A flush's compare-and-set found another flush had advanced the record first."""
+
+    def reserved(self, block: int) -> None:
+        """An id allocator reserved a block of ``block`` ids in the store."""
+
+    def lost_block(self) -> None:
+        """An id allocator left a block whose key the cache lost (its unused ids are
+        holes)."""
+
+    def running(self, job: str, change: int) -> None:
+        """``change`` (+1 or -1) ranges of mapping job ``job`` started or stopped running
+        in this process."""
+
+
+meter = Meter()
+"""Where counters and jobs report: replaced by ``enable()``."""
+
+_lock = threading.Lock()
+
+
+def enable(registry: Any = None) -> Meter:
+    """Record metrics into ``registry`` (prometheus_client's default one if None) from now
+    on, in every kit of the process; idempotent. ``MissingDriver`` if prometheus_client
+    is not installed."""
+    global meter
+    with _lock:
+        if not meter.enabled:
+            meter = _PrometheusMeter(registry)
+        return meter
+
+
+def disable() -> None:
+    """Stop recording (the metrics already registered stay, with their values)."""
+    global meter
+    with _lock:
+        meter = Meter()
+
+
+def start() -> None:
+    """Enable metrics if prometheus_client is installed and ``$SHARDKIT_METRICS`` is not
+    ``off`` (called when a kit is opened)."""
+    if meter.enabled or os.environ.get("SHARDKIT_METRICS", "").lower() in ("off", "0", "false"):
+        return
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        return
+    enable()
+
+
+def timed(kind: str, write: Program[T]) -> Program[T]:
+    """Run the program ``write`` of a counter of ``kind``, reporting its outcome and
+    duration: a result of False is a repeated key; an exception (not a cancellation) a
+    failure."""
+    started = time.perf_counter()
+    try:
+        result = yield from write
+    except Exception:
+        meter.wrote(kind, FAILED, time.perf_counter() - started)
+        raise
+    meter.wrote(kind, REPEATED if result is False else APPLIED, time.perf_counter() - started)
+    return result
+
+
+class _PrometheusMeter(Meter):
+    """Records into prometheus_client metrics (in its multiprocess mode when
+    ``$PROMETHEUS_MULTIPROC_DIR`` is set when it is imported)."""
+
+    enabled = True
+
+    def __init__(self, registry: Any) -> None:
+        try:
+            import prometheus_client as prom
+        except ImportError as exc:
+            raise MissingDriver(
+                "metrics need prometheus_client: pip install 'shardkit[metrics]'"
+            ) from exc
+        where = {"registry": registry} if registry is not None else {}
+        self._writes = prom.Counter(
+            "shardkit_writes", "Counter writes, by kind and outcome.", ["kind", "outcome"], **where
+        )
+        self._seconds = prom.Histogram(
+            "shardkit_write_seconds",
+            "Time a counter write took its caller (combining wait included), by kind.",
+            ["kind"],
+            buckets=_WRITE_SECONDS,
+            **where,
+        )
+        self._batches = prom.Histogram(
+            "shardkit_combined_writes",
+            "Writes carried by one backend call (combined from concurrent callers).",
+            ["kind"],
+            buckets=_BATCH_SIZES,
+            **where,
+        )
+        self._rode_out = prom.Counter(
+            "shardkit_failures_ridden_out",
+            "Calls that failed without failing their caller (cache errors fallen back "
+            "from, failed background tasks), by action.",
+            ["action"],
+            **where,
+        )
+        self._flushes = prom.Counter(
+            "shardkit_flushes", "Buffered counters' flushes, by outcome.", ["outcome"], **where
+        )
+        self._lag = prom.Histogram(
+            "shardkit_flush_lag_seconds",
+            "Age of the oldest increment a scheduled flush moved to the store.",
+            buckets=_LAG_SECONDS,
+            **where,
+        )
+        self._races = prom.Counter(
+            "shardkit_flush_races_lost",
+            "Flush compare-and-sets that found another flush's record (retried).",
+            **where,
+        )
+        self._blocks = prom.Counter("shardkit_id_blocks", "Id blocks reserved.", **where)
+        self._reserved = prom.Counter("shardkit_ids_reserved", "Ids in reserved blocks.", **where)
+        self._lost_blocks = prom.Counter(
+            "shardkit_id_blocks_lost",
+            "Id blocks left because the cache lost their key (their unused ids are holes).",
+            **where,
+        )
+        self._running = prom.Gauge(
+            "shardkit_job_ranges_running",
+            "Ranges of a mapping job being visited now.",
+            ["job"],
+            multiprocess_mode="livesum",
+            **where,
+        )
+        # Children bound once: a label lookup per write would cost more than the write's
+        # own bookkeeping.
+        self._write_children: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._batch_children: dict[str, Any] = {}
+
+    def wrote(self, kind: str, outcome: str, seconds: float) -> None:
+        children = self._write_children.get((kind, outcome))
+        if children is None:
+            children = (self._writes.labels(kind, outcome), self._seconds.labels(kind))
+            self._write_children[kind, outcome] = children
+        children[0].inc()
+        children[1].observe(seconds)
+
+    def combined(self, kind: str, size: int) -> None:
+        child = self._batch_children.get(kind)
+        if child is None:
+            child = self._batch_children[kind] = self._batches.labels(kind)
+        child.observe(size)
+
+    def rode_out(self, action: str) -> None:
+        self._rode_out.labels(action).inc()
+
+    def flushed(self, outcome: str) -> None:
+        self._flushes.labels(outcome).inc()
+
+    def flush_lag(self, seconds: float) -> None:
+        self._lag.observe(seconds)
+
+    def lost_race(self) -> None:
+        self._races.inc()
+
+    def reserved(self, block: int) -> None:
+        self._blocks.inc()
+        self._reserved.inc(block)
+
+    def lost_block(self) -> None:
+        self._lost_blocks.inc()
+
+    def running(self, job: str, change: int) -> None:
+        self._running.labels(job).inc(change)

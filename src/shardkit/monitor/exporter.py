@@ -1,0 +1,188 @@
+"""The Prometheus exposition: the metrics processes record (``shardkit.metrics``) and
+those read from the kit's store and cache at each scrape (``KitCollector``).
+
+Served by ``shardkit metrics --port``, by the dashboard (``/metrics``) and by the Django
+app. Under ``$PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's multiprocess mode) the
+recorded metrics are those of every process that shares the directory (a pre-fork
+server's workers, Celery's pool), summed; otherwise this process's own.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from shardkit.errors import MissingDriver, ShardkitError
+from shardkit.mapper.ledger import FINISHED
+
+from .report import counter_views
+
+if TYPE_CHECKING:
+    from shardkit.kit import Kit
+
+# Jobs whose progress a scrape reports: the running ones, and the latest finished.
+_FINISHED_JOBS = 20
+
+
+def _prometheus() -> Any:
+    try:
+        import prometheus_client
+        import prometheus_client.core
+        import prometheus_client.multiprocess
+    except ImportError as exc:
+        raise MissingDriver(
+            "metrics need prometheus_client: pip install 'shardkit[metrics]'"
+        ) from exc
+    return prometheus_client
+
+
+class KitCollector:
+    """Reads at each scrape what lives in the store and cache rather than in a process:
+    the progress of mapping jobs (every running one, and the latest finished), the
+    increments pending in all buffered counters, and the value of each counter in
+    ``counters`` (only those: a label per counter name is the user's choice). A read that
+    fails sets ``shardkit_monitor_read_ok`` to 0 instead of failing the scrape."""
+
+    def __init__(self, kit: Kit, counters: Sequence[str] = ()) -> None:
+        self.kit = kit
+        self.counters = list(counters)
+
+    def describe(self) -> Iterable[Any]:
+        return []  # nothing is read when the collector is registered
+
+    def collect(self) -> Iterator[Any]:
+        core = _prometheus().core
+        families: list[Any] = []
+        ok = 1
+        try:
+            families += self._counters(core)
+            families += self._jobs(core)
+        except ShardkitError:
+            ok = 0
+        yield from families
+        yield core.GaugeMetricFamily(
+            "shardkit_monitor_read_ok", "1 if the last scrape read the store and cache.", ok
+        )
+
+    def _counters(self, core: Any) -> list[Any]:
+        kit = self.kit
+        buffered = [info.name for info in kit.counters() if info.kind == "buffered"]
+        pending = sum(parts.pending for parts in kit.parts(buffered).values())
+        all_pending = core.GaugeMetricFamily(
+            "shardkit_buffered_pending_all",
+            "Increments waiting in the cache, over every buffered counter.",
+            pending,
+        )
+        if not self.counters:
+            return [all_pending]
+        value = core.GaugeMetricFamily(
+            "shardkit_counter_value", "Value of a listed counter.", labels=["counter", "kind"]
+        )
+        waiting = core.GaugeMetricFamily(
+            "shardkit_buffered_pending",
+            "Increments of a listed buffered counter waiting in the cache.",
+            labels=["counter"],
+        )
+        for view in counter_views(kit, names=self.counters, limit=len(self.counters)):
+            value.add_metric([view.name, view.kind], view.value)
+            if view.pending is not None:
+                waiting.add_metric([view.name], view.pending)
+        return [all_pending, value, waiting]
+
+    def _jobs(self, core: Any) -> list[Any]:
+        statuses = self.kit.jobs()
+        finished = [status for status in statuses if status.state in FINISHED]
+        shown = [s for s in statuses if s.state not in FINISHED] + finished[:_FINISHED_JOBS]
+        job = ["job"]
+        rows = core.CounterMetricFamily("shardkit_job_rows", "Rows a job visited.", labels=job)
+        estimate = core.GaugeMetricFamily(
+            "shardkit_job_rows_estimated", "Rows in a job's source when it started.", labels=job
+        )
+        pages = core.CounterMetricFamily("shardkit_job_pages", "Pages a job visited.", labels=job)
+        ranges = core.GaugeMetricFamily(
+            "shardkit_job_ranges", "A job's ranges, by state.", labels=["job", "state"]
+        )
+        depth = core.GaugeMetricFamily(
+            "shardkit_job_depth", "The deepest split of a job so far.", labels=job
+        )
+        failures = core.CounterMetricFamily(
+            "shardkit_job_range_failures",
+            "Failed attempts of a job's ranges (each retried until its retries are spent).",
+            labels=job,
+        )
+        state = core.GaugeMetricFamily(
+            "shardkit_job_state", "1 for a job's current state.", labels=["job", "state"]
+        )
+        for status in shown:
+            rows.add_metric([status.id], status.rows)
+            if status.estimate is not None:
+                estimate.add_metric([status.id], status.estimate)
+            pages.add_metric([status.id], status.pages)
+            ranges.add_metric([status.id, "pending"], status.pending)
+            ranges.add_metric([status.id, "done"], status.done)
+            depth.add_metric([status.id], status.depth)
+            failures.add_metric([status.id], status.failures)
+            state.add_metric([status.id, status.state], 1)
+        return [rows, estimate, pages, ranges, depth, failures, state]
+
+
+class _Recorded:
+    """Forwards the metrics this process records (prometheus_client's default registry)."""
+
+    def __init__(self, registry: Any) -> None:
+        self._registry = registry
+
+    def describe(self) -> Iterable[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        return iter(self._registry.collect())
+
+
+def registry(kit: Kit | None, counters: Sequence[str] = ()) -> Any:
+    """A prometheus_client registry of everything shardkit exposes: the recorded metrics
+    (every process's, under ``$PROMETHEUS_MULTIPROC_DIR``; else this one's) and, given a
+    (sync) ``kit``, a ``KitCollector`` on it with ``counters`` listed."""
+    prometheus = _prometheus()
+    collected = prometheus.CollectorRegistry(auto_describe=False)
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        prometheus.multiprocess.MultiProcessCollector(collected)
+    else:
+        collected.register(_Recorded(prometheus.REGISTRY))
+    if kit is not None:
+        collected.register(KitCollector(kit, counters))
+    return collected
+
+
+def exposition(collected: Any, accept: str | None) -> tuple[bytes, str]:
+    """``collected``'s metrics in the format ``accept`` asks for (Prometheus text or
+    OpenMetrics): the body and its content type."""
+    encoder, content_type = _prometheus().exposition.choose_encoder(accept or "")
+    return encoder(collected), content_type
+
+
+class MetricsServer:
+    """``registry(kit, counters)`` served over HTTP from a daemon thread (prometheus_client's
+    server); ``close()`` stops it."""
+
+    def __init__(self, kit: Kit, port: int, host: str, counters: Sequence[str]) -> None:
+        self._server, self._thread = _prometheus().start_http_server(
+            port, host, registry(kit, counters)
+        )
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_port)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+def serve(
+    kit: Kit, port: int, host: str = "127.0.0.1", counters: Sequence[str] = ()
+) -> MetricsServer:
+    """Serve ``registry(kit, counters)`` at ``http://host:port/metrics`` until closed."""
+    return MetricsServer(kit, port, host, counters)
