@@ -240,7 +240,8 @@ def test_one_flush_is_scheduled_per_interval(store_url: str, cache_url: str, nam
         [(task, args, accepted)] = second.submitted
         assert (task, args["name"], accepted) == ("flush", name, not shared)
         # The start of the interval it flushes, for its lag (the metric).
-        assert args["since"] % NEVER == 0 and 0 <= time.time() - args["since"] < 2 * NEVER
+        assert args["since"] % NEVER == 0
+        assert 0 <= time.time() - args["since"] < 2 * NEVER
 
 
 def test_the_scheduled_flush_runs_when_its_interval_ends(kit: shardkit.Kit, name: str) -> None:
