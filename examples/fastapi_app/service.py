@@ -1,6 +1,6 @@
 """A FastAPI service that counts a hot item with shardkit's async kit.
 
-    pip install -e '.[aio,postgres,redis]' fastapi uvicorn
+    pip install -e '.[aio,postgres,redis,metrics]' fastapi uvicorn
     cd examples/fastapi_app
     SHARDKIT_STORE=postgresql://localhost/test SHARDKIT_CACHE=redis://localhost/0 \\
         uvicorn service:app
@@ -12,6 +12,7 @@
   store gets the hits once a second, flushed on the event loop).
 * ``GET /counts?item=a&item=b`` reads many items' counts: one cache read and one store
   query for the views, one of each for the hits.
+* ``GET /metrics``: Prometheus metrics of the service's writes and flushes.
 
 Without the two variables it runs on the embedded default (``sqlite:///shardkit.db``,
 ``memory://``).
@@ -24,10 +25,11 @@ from contextlib import asynccontextmanager
 from typing import Annotated
 
 from fastapi import FastAPI, Header, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 import shardkit
 import shardkit.aio
+from shardkit.monitor.exporter import exposition, registry
 
 SHARDS = 32  # concurrent writers (processes) one item's views spread over
 FLUSH_EVERY = 1.0  # seconds between flushes of an item's hits to the store
@@ -84,6 +86,13 @@ def create_app(
             name: {"views": views[f"views:{name}"], "hits": hits[f"hits:{name}"].total}
             for name in item
         }
+
+    @app.get("/metrics")
+    def metrics(request: Request) -> Response:
+        """Prometheus metrics of the app's writes and flushes: every worker's, when
+        ``$PROMETHEUS_MULTIPROC_DIR`` is set for uvicorn's workers."""
+        body, content_type = exposition(registry(None), request.headers.get("accept"))
+        return Response(body, media_type=content_type)
 
     return app
 

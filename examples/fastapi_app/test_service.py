@@ -109,3 +109,30 @@ def test_a_bad_item_is_refused_and_counts_nothing(where: tuple[str, str]) -> Non
         return view.status_code, hit.status_code
 
     assert run(where, work) == (400, 400)
+
+
+def test_the_metrics_count_the_services_writes(where: tuple[str, str]) -> None:
+    item = uuid.uuid4().hex
+
+    def applied(text: str, kind: str) -> float:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "shardkit_writes_total"
+            and sample.labels == {"kind": kind, "outcome": "applied"}
+        )
+
+    async def work(c: httpx.AsyncClient) -> tuple[float, float]:
+        before = (await c.get("/metrics")).text
+        await asyncio.gather(*(c.post(f"/items/{item}/view") for _ in range(30)))
+        await asyncio.gather(*(c.post(f"/items/{item}/hit") for _ in range(20)))
+        after = (await c.get("/metrics")).text
+        return (
+            applied(after, "sharded") - applied(before, "sharded"),
+            applied(after, "buffered") - applied(before, "buffered"),
+        )
+
+    assert run(where, work) == (30, 20)
