@@ -22,6 +22,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import prometheus_client
+import prometheus_client.multiprocess
 import pytest
 import redis
 from celery import Celery
@@ -60,16 +62,19 @@ class Workers:
         self.logs = logs
         self.started: list[subprocess.Popen[bytes]] = []
 
-    def start(self, pool: str = "prefork", fault: str = "") -> subprocess.Popen[bytes]:
-        """Start a worker and wait until it is ready to consume (or, with a fault, for it
-        to be killed already: a worker may run a task before it says it is ready)."""
+    def start(
+        self, pool: str = "prefork", fault: str = "", env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start a worker (with ``env`` added to its environment) and wait until it is
+        ready to consume (or, with a fault, for it to be killed already: a worker may run
+        a task before it says it is ready)."""
         number = len(self.started)
         config = replace(self.config, fault=fault)
         path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
         # Not Django workers: pytest-django has put the example site's settings in the
         # environment, and Celery would set Django up for a worker that has them.
         inherited = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-        env = {**inherited, **config.environ(), "PYTHONPATH": path}
+        env = {**inherited, **config.environ(), "PYTHONPATH": path, **(env or {})}
         command = [
             sys.executable,
             "-m",
@@ -216,9 +221,17 @@ def _ran(records: redis.Redis, config: Config, event: str, task: str) -> list[di
 
 @pytest.mark.slow
 def test_a_real_worker_runs_the_scheduled_flushes(
-    config: Config, records: redis.Redis, workers: Workers, kits: list[shardkit.Kit], name: str
+    config: Config,
+    records: redis.Redis,
+    workers: Workers,
+    kits: list[shardkit.Kit],
+    name: str,
+    tmp_path: Path,
 ) -> None:
-    workers.start(pool="prefork")
+    # The worker's pool records metrics as a pre-fork server's workers do.
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    workers.start(pool="prefork", env={"PROMETHEUS_MULTIPROC_DIR": str(metrics)})
     counters = [kit.buffered(name, interval=INTERVAL) for kit in kits]
     sums = [0] * WRITERS
     counts = [0] * WRITERS
@@ -279,6 +292,19 @@ def test_a_real_worker_runs_the_scheduled_flushes(
         intervals.add(round(eta / INTERVAL) - 1)
     assert intervals == {int(dedupe.rsplit(":", 1)[1]) for dedupe in made}
     assert counters[1].parts() == (acked, 0)
+
+    # What the pool recorded: every flush it ran, and the lag of each that moved.
+    recorded = prometheus_client.CollectorRegistry()
+    prometheus_client.multiprocess.MultiProcessCollector(recorded, path=str(metrics))
+
+    def value(name: str, **labels: str) -> float:
+        return recorded.get_sample_value(name, labels) or 0.0
+
+    moved = value("shardkit_flushes_total", outcome="moved")
+    assert moved + value("shardkit_flushes_total", outcome="idle") == len(made)
+    assert moved >= 1
+    assert value("shardkit_flush_lag_seconds_count") == moved
+    assert value("shardkit_writes_total", kind="buffered", outcome="applied") == 0
 
 
 @pytest.mark.slow
