@@ -29,7 +29,15 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from conftest import CACHE_URLS, CELERY_BROKERS, PREFIX, require, require_broker, store_url_for
+from conftest import (
+    CACHE_URLS,
+    CELERY_BROKERS,
+    PREFIX,
+    free_port,
+    require,
+    require_broker,
+    store_url_for,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = Path(__file__).resolve().parent / "readme_examples"
@@ -169,6 +177,16 @@ def test_the_django_extra_alone_migrates_and_counts_updates(venv: Venv, tmp_path
     _run([python, "manage.py", "migrate", "--verbosity", "0"], cwd=site, env=environ(django))
     counted = run_json(django, "counting.py", cwd=site)
     assert counted == {"views": 2, "likes": 4, "page": [["counted", 2]]}
+
+
+@pytest.mark.slow
+def test_the_metrics_and_dashboard_extras_alone_serve_both(venv: Venv, tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'app.db'}"
+    ports = [str(free_port()), str(free_port())]
+    served = run_json(
+        venv("metrics,dashboard"), "monitoring.py", store, PREFIX, *ports, cwd=EXAMPLES
+    )
+    assert served == {"metric": True, "page": True, "counters": [["sharded", 3]]}
 
 
 @contextlib.contextmanager
