@@ -8,6 +8,8 @@
                executor flushes the cache's sums to the store every ``--interval`` seconds
 * redis-incr - raw redis-py ``INCR`` on one key (only with a Redis ``--cache``): the
                baseline of the buffered counter
+* sharded+metrics, buffered+metrics - the same, recording Prometheus metrics
+               (``shardkit[metrics]``): what they cost. Only when named in ``--modes``.
 
 The raw driver is the store's own: psycopg, PyMySQL or sqlite3. Every cell checks that
 the counter moved by exactly the number of acknowledged writes (the buffered counter's
@@ -41,6 +43,7 @@ from rich.console import Console
 from rich.table import Table
 
 import shardkit
+from shardkit import metrics
 from shardkit.demo import (
     Crew,
     Op,
@@ -53,7 +56,9 @@ from shardkit.demo import (
 )
 from shardkit.store.sql import SqlStore, engine_from_url, unprepare_behind_pooler
 
-MODES = ("naive", "upsert", "sharded", "buffered", "redis-incr")
+METERED = ("sharded+metrics", "buffered+metrics")
+MODES = ("naive", "upsert", "sharded", "buffered", "redis-incr", *METERED)
+KIT_MODES = ("sharded", "buffered", *METERED)
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 # The targets: (mode, baseline, least ratio), at this many writer processes, of one
 # thread each or of several. Against naive, a mode's ceiling on the machine is its raw
@@ -96,6 +101,8 @@ class KitTarget:
 
     kind: str
     """``sharded`` or ``buffered``."""
+    metrics: bool
+    """Whether the writer records Prometheus metrics."""
     store_url: str
     cache_url: str
     name: str
@@ -226,6 +233,10 @@ def kit_writer(target: KitTarget) -> Iterator[Op]:
     """``kit.sharded(name).incr()`` or ``kit.buffered(name, interval).incr()``; on the way
     out, the kit's close runs the flush it has waiting, then the writer reports the
     store writes its kit made."""
+    if target.metrics:
+        metrics.enable()
+    else:
+        metrics.disable()
     with shardkit.connect(target.store_url, target.cache_url, prefix=target.prefix) as kit:
         writes = StoreWrites(kit.store)
         # Warm up both connections without counting, so that no flush is scheduled
@@ -335,7 +346,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not args.interval > 0:
         parser.error("--interval must be > 0")
     redis = args.cache.split(":", 1)[0].lower() in REDIS_SCHEMES
-    default = [m for m in MODES if redis or m != "redis-incr"]
+    default = [m for m in MODES if (redis or m != "redis-incr") and m not in METERED]
     args.modes = choose_modes(parser, args.modes, MODES, default)
     if "redis-incr" in args.modes and not redis:
         parser.error("redis-incr needs a Redis --cache (redis://, rediss:// or unix://)")
@@ -424,15 +435,21 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, Mode] = {
             "naive": Mode(raw_naive, raw, read_naive, shared=False),
             "upsert": Mode(raw_upsert, raw, read_upsert, shared=False),
-            "sharded": Mode(
+        }
+        for metered in (False, True):
+            suffix = "+metrics" if metered else ""
+            runs["sharded" + suffix] = Mode(
                 kit_writer,
-                KitTarget("sharded", store_url, args.cache, "hot", prefix, 0, str(reports)),
+                KitTarget(
+                    "sharded", metered, store_url, args.cache, "hot", prefix, 0, str(reports)
+                ),
                 lambda: store.total("hot"),
-            ),
-            "buffered": Mode(
+            )
+            runs["buffered" + suffix] = Mode(
                 kit_writer,
                 KitTarget(
                     "buffered",
+                    metered,
                     store_url,
                     args.cache,
                     buffered.name,
@@ -441,8 +458,7 @@ def main(argv: list[str] | None = None) -> int:
                     str(reports),
                 ),
                 read_buffered,
-            ),
-        }
+            )
         if args.cache.split(":", 1)[0].lower() in REDIS_SCHEMES:
             client = _redis_client(args.cache)
             stack.callback(client.close)
@@ -469,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
             moved = spec.read() - before
             cell.phases.append(phase)
             cell.exact = cell.exact and moved == phase.ops
-            if mode in ("sharded", "buffered"):
+            if mode in KIT_MODES:
                 cell.writes.append(collect_store_writes(reports))
 
         run_grid(args.writer_counts, args.repeat, modes, measure, console, args.threads)
@@ -510,7 +526,7 @@ def results_table(
     for writers in counts:
         for mode in modes:
             cell = cells[writers, mode]
-            if mode in ("sharded", "buffered"):  # counted: combined, or flushes
+            if mode in KIT_MODES:  # counted: combined, or flushes
                 writes = f"{cell.write_rate:,.1f}"
             elif mode == "redis-incr":
                 writes = "0"

@@ -33,6 +33,9 @@ from shardkit.store import Store, open_store
 from shardkit.store.sql import SqlStore
 
 CI = os.environ.get("CI", "").lower() == "true"
+# Every kit of the tests records metrics (so every test runs the instrumented paths),
+# in this process and in the processes it starts.
+os.environ["SHARDKIT_METRICS"] = "on"
 
 STORE_URLS = {
     "sqlite": None,  # a file in the session's temporary directory

@@ -304,7 +304,7 @@ def test_a_real_worker_runs_the_scheduled_flushes(
     assert moved + value("shardkit_flushes_total", outcome="idle") == len(made)
     assert moved >= 1
     assert value("shardkit_flush_lag_seconds_count") == moved
-    assert value("shardkit_writes_total", kind="buffered", outcome="applied") == 0
+    assert value("shardkit_write_seconds_count", kind="buffered", outcome="applied") == 0
 
 
 @pytest.mark.slow

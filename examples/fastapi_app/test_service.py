@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+import shardkit.metrics
 from service import create_app
 
 T = TypeVar("T")
@@ -112,6 +113,7 @@ def test_a_bad_item_is_refused_and_counts_nothing(where: tuple[str, str]) -> Non
 
 
 def test_the_metrics_count_the_services_writes(where: tuple[str, str]) -> None:
+    shardkit.metrics.enable()  # as $SHARDKIT_METRICS=on does
     item = uuid.uuid4().hex
 
     def applied(text: str, kind: str) -> float:
@@ -121,7 +123,7 @@ def test_the_metrics_count_the_services_writes(where: tuple[str, str]) -> None:
             sample.value
             for family in text_string_to_metric_families(text)
             for sample in family.samples
-            if sample.name == "shardkit_writes_total"
+            if sample.name == "shardkit_write_seconds_count"
             and sample.labels == {"kind": kind, "outcome": "applied"}
         )
 

@@ -1,12 +1,12 @@
 """What the counters and jobs do, as Prometheus metrics (``shardkit[metrics]``).
 
-Counters and jobs report to ``meter``: a ``Meter`` that drops everything until
-``enable()`` replaces it with one that records into ``prometheus_client`` metrics. Opening
-a kit enables it by itself when ``prometheus_client`` is installed, unless
-``$SHARDKIT_METRICS`` is ``off``. Recording is in-process and never does I/O; under a
-pre-fork server or Celery's prefork pool, set ``$PROMETHEUS_MULTIPROC_DIR`` before the
-processes start (prometheus_client's multiprocess mode) and every process's metrics are
-summed where they are served (``shardkit.monitor``).
+Counters and jobs report to ``meter``: a ``Meter`` that drops everything until metrics
+are turned on, by ``$SHARDKIT_METRICS=on`` (read when a kit is opened) or ``enable()``;
+then it records into ``prometheus_client`` metrics (about 3 µs of CPU per write). Under a
+pre-fork server or Celery's prefork pool, also set ``$PROMETHEUS_MULTIPROC_DIR`` before
+the processes start (prometheus_client's multiprocess mode): every process's metrics are
+then summed where they are served (``shardkit.monitor.exporter``). Recording never does
+I/O and never fails the call it records.
 
 Every label has a bounded set of values: counter kinds, outcomes, the actions the kit
 rides out failures of, and mapping job ids; never a counter's name (the per-counter
@@ -73,7 +73,9 @@ class Meter:
 meter = Meter()
 """Where counters and jobs report: replaced by ``enable()``."""
 
+_ON = ("on", "1", "true", "yes")
 _lock = threading.Lock()
+_recording: dict[int, Meter] = {}  # by registry id: its metrics are registered once
 
 
 def enable(registry: Any = None) -> Meter:
@@ -83,33 +85,34 @@ def enable(registry: Any = None) -> Meter:
     global meter
     with _lock:
         if not meter.enabled:
-            meter = _PrometheusMeter(registry)
+            meter = _recording.get(id(registry)) or _PrometheusMeter(registry)
+            _recording[id(registry)] = meter
         return meter
 
 
 def disable() -> None:
-    """Stop recording (the metrics already registered stay, with their values)."""
+    """Stop recording (the metrics registered stay, with their values; ``enable()`` goes
+    on with them)."""
     global meter
     with _lock:
         meter = Meter()
 
 
 def start() -> None:
-    """Enable metrics if prometheus_client is installed and ``$SHARDKIT_METRICS`` is not
-    ``off`` (called when a kit is opened)."""
-    if meter.enabled or os.environ.get("SHARDKIT_METRICS", "").lower() in ("off", "0", "false"):
-        return
-    try:
-        import prometheus_client  # noqa: F401
-    except ImportError:
-        return
-    enable()
+    """Enable metrics if ``$SHARDKIT_METRICS`` is ``on`` (called when a kit is opened);
+    ``MissingDriver`` if prometheus_client is not installed then."""
+    if not meter.enabled and os.environ.get("SHARDKIT_METRICS", "").lower() in _ON:
+        enable()
 
 
 def timed(kind: str, write: Program[T]) -> Program[T]:
-    """Run the program ``write`` of a counter of ``kind``, reporting its outcome and
-    duration: a result of False is a repeated key; an exception (not a cancellation) a
-    failure."""
+    """The program ``write`` of a counter of ``kind``, reporting its outcome and duration
+    when metrics are on (a result of False is a repeated key; an exception, not a
+    cancellation, a failure); ``write`` itself when they are off, at no cost."""
+    return _timed(kind, write) if meter.enabled else write
+
+
+def _timed(kind: str, write: Program[T]) -> Program[T]:
     started = time.perf_counter()
     try:
         result = yield from write
@@ -134,13 +137,11 @@ class _PrometheusMeter(Meter):
                 "metrics need prometheus_client: pip install 'shardkit[metrics]'"
             ) from exc
         where = {"registry": registry} if registry is not None else {}
-        self._writes = prom.Counter(
-            "shardkit_writes", "Counter writes, by kind and outcome.", ["kind", "outcome"], **where
-        )
         self._seconds = prom.Histogram(
             "shardkit_write_seconds",
-            "Time a counter write took its caller (combining wait included), by kind.",
-            ["kind"],
+            "Time a counter write took its caller (combining wait included), by kind and "
+            "outcome; its count is the writes.",
+            ["kind", "outcome"],
             buckets=_WRITE_SECONDS,
             **where,
         )
@@ -188,16 +189,14 @@ class _PrometheusMeter(Meter):
         )
         # Children bound once: a label lookup per write would cost more than the write's
         # own bookkeeping.
-        self._write_children: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._write_children: dict[tuple[str, str], Any] = {}
         self._batch_children: dict[str, Any] = {}
 
     def wrote(self, kind: str, outcome: str, seconds: float) -> None:
-        children = self._write_children.get((kind, outcome))
-        if children is None:
-            children = (self._writes.labels(kind, outcome), self._seconds.labels(kind))
-            self._write_children[kind, outcome] = children
-        children[0].inc()
-        children[1].observe(seconds)
+        child = self._write_children.get((kind, outcome))
+        if child is None:
+            child = self._write_children[kind, outcome] = self._seconds.labels(kind, outcome)
+        child.observe(seconds)
 
     def combined(self, kind: str, size: int) -> None:
         child = self._batch_children.get(kind)
