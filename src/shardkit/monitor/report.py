@@ -122,6 +122,7 @@ class Monitor:
         return 200, {
             "store": kit.store.url,
             "cache": kit.cache.url,
+            "shared_cache": kit.cache.shared,
             "writable": self._token is not None,
             "refresh": self.refresh,
         }
