@@ -9,6 +9,7 @@ its tables are dropped at the end.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import socket
@@ -167,6 +168,25 @@ def scrape(url: str) -> Samples:
 def sample(samples: Samples, name: str, **labels: str) -> float:
     """One sample's value (0 if absent: a labelled metric has no child until used)."""
     return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+@contextlib.contextmanager
+def numbered_table(engine: sa.Engine, what: str, rows: int) -> Iterator[sa.Table]:
+    """A table of the session's own (``{PREFIX}{what}_…``) with an integer key ``id``
+    holding 1 … ``rows``, dropped when the block exits."""
+    metadata = sa.MetaData()
+    table = sa.Table(
+        f"{PREFIX}{what}_{uuid.uuid4().hex[:8]}",
+        metadata,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    )
+    metadata.create_all(engine)
+    try:
+        with engine.begin() as conn:
+            conn.execute(table.insert(), [{"id": n} for n in range(1, rows + 1)])
+        yield table
+    finally:
+        metadata.drop_all(engine)
 
 
 def free_port() -> int:

@@ -22,7 +22,7 @@ import pytest
 import sqlalchemy as sa
 
 import shardkit
-from conftest import CACHE_URLS, PREFIX, free_port, store_url_for, wait_for
+from conftest import CACHE_URLS, PREFIX, free_port, numbered_table, store_url_for, wait_for
 from servers import unavailable
 from shardkit.store.sql import SqlStore
 
@@ -45,17 +45,8 @@ def kit(sqlite_url: str) -> Iterator[shardkit.Kit]:
 @pytest.fixture
 def table(kit: shardkit.Kit) -> Iterator[sa.Table]:
     assert isinstance(kit.store, SqlStore)
-    metadata = sa.MetaData()
-    made = sa.Table(
-        f"{PREFIX}browsed_{uuid.uuid4().hex[:8]}",
-        metadata,
-        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
-    )
-    metadata.create_all(kit.store.engine)
-    with kit.store.engine.begin() as conn:
-        conn.execute(made.insert(), [{"id": n} for n in range(1, ROWS + 1)])
-    yield made
-    metadata.drop_all(kit.store.engine)
+    with numbered_table(kit.store.engine, "browsed", ROWS) as made:
+        yield made
 
 
 @pytest.fixture

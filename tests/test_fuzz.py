@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import shardkit
-from conftest import PREFIX
+from conftest import PREFIX, numbered_table
 from shardkit.counters.buffered import MAX_DELTA
 from shardkit.errors import BackendError, ShardkitError
 
@@ -246,18 +246,8 @@ MAPPER_OPTIONS = st.one_of(
 
 @pytest.fixture
 def tiny_table(big: shardkit.Kit) -> Iterator[sa.Table]:
-    engine: sa.Engine = big.store.engine  # type: ignore[attr-defined]
-    metadata = sa.MetaData()
-    table = sa.Table(
-        f"{PREFIX}fz_rows_{uuid.uuid4().hex[:8]}",
-        metadata,
-        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
-    )
-    metadata.create_all(engine)
-    with engine.begin() as conn:
-        conn.execute(table.insert(), [{"id": i} for i in range(1, ROWS + 1)])
-    yield table
-    metadata.drop_all(engine)
+    with numbered_table(big.store.engine, "fz_rows", ROWS) as table:  # type: ignore[attr-defined]
+        yield table
 
 
 @fuzz

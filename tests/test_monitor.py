@@ -26,6 +26,7 @@ from conftest import (
     PREFIX,
     Samples,
     free_port,
+    numbered_table,
     sample,
     scrape,
     store_url_for,
@@ -56,19 +57,9 @@ def kit(request: pytest.FixtureRequest, sqlite_url: str) -> Iterator[shardkit.Ki
 def table(kit: shardkit.Kit) -> Iterator[sa.Table]:
     """A source table of 250 rows in the store's database."""
     assert isinstance(kit.store, SqlStore)
-    engine = kit.store.engine
-    metadata = sa.MetaData()
-    made = sa.Table(
-        f"{PREFIX}items_{uuid.uuid4().hex[:8]}",
-        metadata,
-        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
-    )
-    metadata.create_all(engine)
-    with engine.begin() as conn:
-        conn.execute(made.insert(), [{"id": n} for n in range(1, 251)])
-    yield made
-    kit.executor.close()  # drained: no task still reads the table as it is dropped
-    metadata.drop_all(engine)
+    with numbered_table(kit.store.engine, "items", 250) as made:
+        yield made
+        kit.executor.close()  # drained: no task still reads the table as it is dropped
 
 
 def change(before: Samples, after: Samples, name: str, **labels: str) -> float:
