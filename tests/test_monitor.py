@@ -19,6 +19,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 import uvicorn
+from sqlalchemy.engine import make_url
 
 import shardkit
 from conftest import (
@@ -322,3 +323,15 @@ def test_the_page_and_bad_job_ids(client: httpx.Client) -> None:
         answer = client.get(f"/api/jobs/{bad}")
         assert answer.status_code == 404, bad
         assert "error" in answer.json()
+
+
+def test_no_password_reaches_the_dashboard(sqlite_url: str) -> None:
+    url = make_url(store_url_for("postgres", sqlite_url)).set(password="s3cret-pw")
+    with (
+        shardkit.connect(url.render_as_string(hide_password=False), prefix=PREFIX) as kit,
+        served(dashboard(kit)) as client,
+    ):
+        info = client.get("/api/info").json()
+        assert "***" in info["store"]
+        for path in ("/", "/api/info", "/api/counters", "/api/jobs", "/metrics"):
+            assert "s3cret-pw" not in client.get(path).text, path

@@ -4,6 +4,7 @@ any web framework: ``shardkit.monitor.asgi`` and the Django app serve it."""
 
 from __future__ import annotations
 
+import functools
 import hmac
 import time
 from dataclasses import asdict, dataclass
@@ -113,6 +114,7 @@ class Monitor:
         self.refresh = refresh
 
     @staticmethod
+    @functools.cache
     def page() -> str:
         """The dashboard's HTML page (it reads everything else from the JSON API)."""
         return resources.files("shardkit.monitor").joinpath("page.html").read_text("utf-8")
