@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -281,12 +282,35 @@ def store_url(request: pytest.FixtureRequest, sqlite_url: str) -> str:
     return store_url_for(request.param, sqlite_url)
 
 
-@pytest.fixture(params=list(CACHE_URLS))
-def cache_url(request: pytest.FixtureRequest) -> str:
-    url = CACHE_URLS[request.param]
+# Beside CACHE_URLS: a Redis Cluster (3 primaries, 3 replicas) the session starts.
+CLUSTER = "redis-cluster"
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[Any]:
+    """A Redis Cluster of the session's own, started on first use."""
+    from servers import RedisClusterServers
+
+    cluster = RedisClusterServers()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def _cache_url(request: pytest.FixtureRequest, kind: str) -> str:
+    if kind == CLUSTER:
+        return str(request.getfixturevalue("redis_cluster").url)
+    url = CACHE_URLS[kind]
     if url != "memory://":
         require(url)
     return url
+
+
+@pytest.fixture(params=[*CACHE_URLS, CLUSTER])
+def cache_url(request: pytest.FixtureRequest) -> str:
+    return _cache_url(request, request.param)
 
 
 @pytest.fixture(
@@ -306,12 +330,10 @@ def store(request: pytest.FixtureRequest, sqlite_url: str) -> Iterator[Store]:
     the_store.close()
 
 
-@pytest.fixture(params=["redis", "memcached"])
+@pytest.fixture(params=["redis", "memcached", CLUSTER])
 def shared_cache_url(request: pytest.FixtureRequest) -> str:
     """The URL of each cache that processes share."""
-    url = CACHE_URLS[request.param]
-    require(url)
-    return url
+    return _cache_url(request, request.param)
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import os
 import pwd
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -231,6 +232,119 @@ class RedisServer(Server):
             return False
         finally:
             client.close()
+
+
+class ClusterNode(RedisServer):
+    """A redis-server of a Redis Cluster (its bus on port + 10000), that fails over
+    quickly: a primary missed for ``NODE_TIMEOUT_MS`` is replaced by its replica, and
+    the slots of the other primaries stay served meanwhile."""
+
+    name = "redis-cluster-node"
+    NODE_TIMEOUT_MS = 1000
+
+    def __init__(self) -> None:
+        super().__init__()
+        while self.port > 55535 or not _free(self.port + 10000):
+            self.port = free_port()
+
+    def command(self) -> list[str]:
+        return [
+            *super().command(),
+            *("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
+            *("--cluster-node-timeout", str(self.NODE_TIMEOUT_MS)),
+            *("--cluster-replica-validity-factor", "0", "--cluster-require-full-coverage", "no"),
+        ]
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, socket_timeout=2, socket_connect_timeout=2)
+
+    def info(self, command: str) -> dict[str, str]:
+        """``CLUSTER INFO`` or ``INFO replication``, parsed (empty if it does not answer)."""
+        client = self.client()
+        try:
+            text = client.execute_command(*command.split())
+        except redis.RedisError:
+            return {}
+        finally:
+            client.close()
+        if isinstance(text, dict):
+            return {str(k): str(v) for k, v in text.items()}
+        lines = text.decode() if isinstance(text, bytes) else str(text)
+        return dict(line.split(":", 1) for line in lines.splitlines() if ":" in line)
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+class RedisClusterServers:
+    """A Redis Cluster of its own: ``masters`` primaries with ``replicas`` replicas each,
+    made by ``redis-cli --cluster create`` on free loopback ports. ``start()`` returns
+    once every slot is served and every primary has its replicas; ``kill(node)``
+    SIGKILLs a node; ``wait_healthy()`` waits until the cluster serves every slot again
+    (a replica promoted); ``close()`` ends every node and removes its files."""
+
+    def __init__(self, masters: int = 3, replicas: int = 1) -> None:
+        if not shutil.which("redis-cli"):
+            unavailable("redis-cli is not installed")
+        self.masters, self.replicas = masters, replicas
+        self.nodes = [ClusterNode() for _ in range(masters * (1 + replicas))]
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.start()
+        create = ["redis-cli", "--cluster", "create"]
+        create += [f"127.0.0.1:{node.port}" for node in self.nodes]
+        create += ["--cluster-replicas", str(self.replicas), "--cluster-yes"]
+        made = subprocess.run(create, capture_output=True, text=True, timeout=60)
+        if made.returncode != 0:
+            pytest.fail(f"redis-cli --cluster create failed: {made.stdout}{made.stderr}")
+        self.wait_healthy()
+
+    def alive(self) -> list[ClusterNode]:
+        return [n for n in self.nodes if n.process is not None and n.process.poll() is None]
+
+    def primaries(self) -> list[ClusterNode]:
+        """The live nodes that are primaries now."""
+        return [n for n in self.alive() if n.info("INFO replication").get("role") == "master"]
+
+    def healthy(self) -> bool:
+        """Every live node sees the cluster ok, with ``masters`` primaries; when every
+        node is alive, each primary has its replicas connected."""
+        nodes = self.alive()
+        if not all(n.info("CLUSTER INFO").get("cluster_state") == "ok" for n in nodes):
+            return False
+        primaries = self.primaries()
+        if len(primaries) != self.masters:
+            return False
+        if len(nodes) < len(self.nodes):
+            return True
+        replicated = (int(n.info("INFO replication").get("connected_slaves", 0)) for n in primaries)
+        return all(count >= self.replicas for count in replicated)
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.healthy():
+            if time.monotonic() > deadline:
+                statuses = "".join(node.status() for node in self.nodes)
+                pytest.fail(f"the Redis Cluster did not become healthy{statuses}")
+            time.sleep(0.1)
+
+    def kill(self, node: ClusterNode) -> None:
+        node.stop()  # SIGKILL
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
 
 
 class MemcachedServer(Server):

@@ -41,7 +41,7 @@ def test_a_write_costs_no_cache_call_and_its_adjustment_is_sent_later(
     assert calls == []  # the writes made no cache call
     assert reader.sharded(name).value() == 0  # not adjusted yet: the cached value
     assert votes.value() == 70  # the writer reads its own writes: it sends them first
-    assert calls == [{reader.namespace + f"sharded:value:{name}": 70}]  # all, in one call
+    assert calls == [{reader.settings.cache_key(name, "sharded:value"): 70}]  # all, in one call
     assert reader.sharded(name).value() == 70
 
 

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 import shardkit
 from conftest import CACHE_URLS, Target, require, run_together, wait_for
 from shardkit.counters.buffered import Parts
+from shardkit.counters.buffered import _keys as buffered_keys
 from shardkit.errors import CounterKindMismatch, InvalidDelta, ValidationError
 from shardkit.executor import LocalExecutor
 from shardkit.store.base import RETIRED
@@ -88,13 +89,13 @@ def test_bad_intervals_are_refused_before_anything_is_written(
 
 
 def test_a_lost_generation_loses_only_what_was_pending(kit: shardkit.Kit, name: str) -> None:
-    hits = kit.buffered(name, interval=NEVER)
+    hits = kit.buffered(name, interval=NEVER, stripes=1)
     hits.incr(5)
     hits.flush()
     hits.incr(7)
     (generation,) = kit.store.generations([name])[name]
-    for side in ("up", "down"):  # the cache loses the generation's keys
-        kit.cache.delete(kit._settings.cache_key(name, f"buffered:{generation}:{side}"))
+    for key in hits._keys(generation):  # the cache loses the generation's keys
+        kit.cache.delete(key)
     hits.incr(1)
     assert len(kit.store.generations([name])[name]) == 2
     assert hits.parts() == Parts(stored=5, pending=1)
@@ -105,8 +106,8 @@ def test_a_lost_generation_loses_only_what_was_pending(kit: shardkit.Kit, name: 
 def lose_keys(kit: shardkit.Kit, name: str) -> None:
     """The cache loses the keys of every generation of counter ``name``."""
     for generation in kit.store.generations([name]).get(name, {}):
-        for side in ("up", "down"):
-            kit.cache.delete(kit._settings.cache_key(name, f"buffered:{generation}:{side}"))
+        for key in buffered_keys(kit.settings, name, generation):
+            kit.cache.delete(key)
 
 
 def age_generations(kit: shardkit.Kit, name: str) -> None:
@@ -143,12 +144,12 @@ def test_dead_generations_are_folded_after_the_grace_period(
 
     age_generations(kit, name)
     assert hits.flush() == 0
-    assert set(kit.store.generations([name])[name]) == {RETIRED, hits._writing[0]}  # type: ignore[index]
+    assert set(kit.store.generations([name])[name]) == {RETIRED, hits._writing[0][0]}  # type: ignore[index]
     assert hits.parts() == Parts(125, 0)
     # A writer still on a folded generation re-creates a key below the offset: that
     # increment does not count there, and it moves to the live generation.
     stale.incr(1)
-    assert set(kit.store.generations([name])[name]) == {RETIRED, hits._writing[0]}  # type: ignore[index]
+    assert set(kit.store.generations([name])[name]) == {RETIRED, hits._writing[0][0]}  # type: ignore[index]
     assert hits.parts() == Parts(125, 1)
     assert hits.flush() == 1
     assert hits.value() == 126

@@ -53,6 +53,7 @@ from shardkit.validation import (
     check_mapping,
     check_name,
     check_shards,
+    check_stripes,
 )
 
 DEFAULT_STORE = "sqlite:///shardkit.db"
@@ -149,14 +150,22 @@ class KitCore(Generic[_K]):
         self,
         name: str,
         interval: float,
+        stripes: int | None,
         kind: type[_B],
-        new: Callable[[CounterInfo, float], _B],
+        new: Callable[[CounterInfo, float, int], _B],
     ) -> Program[_B]:
         """The buffered counter ``name`` (of class ``kind``, made by ``new``), created on
-        first use, flushed every ``interval`` seconds by this kit."""
+        first use, flushed every ``interval`` seconds by this kit, its increments spread
+        over ``stripes`` (None: the cache's default, ``Options.default_stripes``)."""
         check_name(name)
         every = check_interval(interval)
-        return self._open(name, kind, lambda c: c.interval == every, lambda i: new(i, every))
+        count = self._options.default_stripes if stripes is None else check_stripes(stripes)
+        return self._open(
+            name,
+            kind,
+            lambda c: (c.interval, c.stripes) == (every, count),
+            lambda info: new(info, every, count),
+        )
 
     def _save_counters(self) -> Program[None]:
         """With a private cache, whose contents die with the process, flush the buffered
@@ -374,15 +383,25 @@ class Kit(KitCore[Counter]):
         )
         return run(opening, self.roles)
 
-    def buffered(self, name: str, interval: float = DEFAULT_INTERVAL) -> BufferedCounter:
+    def buffered(
+        self, name: str, interval: float = DEFAULT_INTERVAL, stripes: int | None = None
+    ) -> BufferedCounter:
         """The buffered (write-behind) counter ``name``, created on first use, whose
         increments this kit flushes to the store every ``interval`` seconds (a setting
-        of this process, not of the counter: processes may flush at their own pace)."""
+        of this process, not of the counter: processes may flush at their own pace).
+
+        ``stripes`` (1 … 256) spreads its increments over that many cache keys, each
+        written at random; on Redis Cluster they are placed on the primaries in turn,
+        and the default is one per primary (elsewhere, 1). Also this process's setting:
+        a flush reads every stripe any process wrote."""
         opening = self._open_buffered(
             name,
             interval,
+            stripes,
             BufferedCounter,
-            lambda info, every: BufferedCounter(info, self._settings, self.executor, every),
+            lambda info, every, count: BufferedCounter(
+                info, self._settings, self.executor, every, count
+            ),
         )
         return run(opening, self.roles)
 

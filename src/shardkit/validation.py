@@ -97,6 +97,17 @@ def check_interval(interval: object) -> float:
     return _seconds(interval, "interval", MIN_INTERVAL, MAX_TTL)
 
 
+MAX_STRIPES = 256
+
+
+def check_stripes(stripes: object) -> int:
+    """Return ``stripes`` if it is an int in 1 … 256 (not a bool): the cache keys one
+    buffered counter's increments are spread over."""
+    if isinstance(stripes, bool) or not isinstance(stripes, int) or not 1 <= stripes <= MAX_STRIPES:
+        raise ValidationError(f"stripes must be an int in 1..{MAX_STRIPES}, not {stripes!r}")
+    return stripes
+
+
 def check_chance(chance: object) -> float:
     """Return ``chance`` as a float if it is a probability in [0, 1] (not a bool)."""
     if isinstance(chance, bool) or not isinstance(chance, (int, float)) or not 0 <= chance <= 1:

@@ -114,9 +114,14 @@ class AsyncBufferedCounter(BufferedCore):
     """
 
     def __init__(
-        self, info: CounterInfo, settings: AsyncSettings, executor: LoopExecutor, interval: float
+        self,
+        info: CounterInfo,
+        settings: AsyncSettings,
+        executor: LoopExecutor,
+        interval: float,
+        stripes: int = 1,
     ) -> None:
-        super().__init__(info, settings, interval)
+        super().__init__(info, settings, interval, stripes)
         bumps = Sides(*(AsyncCombiner(self._bump_now(side)) for side in (0, 1)))
         self.roles = {**settings.roles, "Executor": executor, "Bumps": bumps}
 
@@ -249,14 +254,19 @@ class AsyncKit(KitCore[AsyncCounter]):
         )
         return await arun(opening, self.roles)
 
-    async def buffered(self, name: str, interval: float = DEFAULT_INTERVAL) -> AsyncBufferedCounter:
+    async def buffered(
+        self, name: str, interval: float = DEFAULT_INTERVAL, stripes: int | None = None
+    ) -> AsyncBufferedCounter:
         """The buffered counter ``name``: see ``Kit.buffered``. Its flushes run on this
         kit's event loop."""
         opening = self._open_buffered(
             name,
             interval,
+            stripes,
             AsyncBufferedCounter,
-            lambda info, every: AsyncBufferedCounter(info, self._settings, self.executor, every),
+            lambda info, every, count: AsyncBufferedCounter(
+                info, self._settings, self.executor, every, count
+            ),
         )
         return await arun(opening, self.roles)
 

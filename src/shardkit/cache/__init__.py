@@ -12,8 +12,13 @@ from shardkit.errors import ConfigurationError
 
 def open_cache(target: str | Cache | Any) -> Cache:
     """A cache for a URL (``memory://``, ``redis://…``, ``rediss://…``,
-    ``memcached://host:port``), a live redis-py or pymemcache client, or a ``Cache``."""
+    ``redis+cluster://host:port[,…]``, ``memcached://host:port``), a live redis-py
+    (``Redis``, ``RedisCluster``) or pymemcache client, or a ``Cache``."""
     if isinstance(target, str):
+        if target.partition(":")[0].lower() in ("redis+cluster", "rediss+cluster"):
+            from shardkit.cache.cluster import RedisClusterCache
+
+            return RedisClusterCache.from_url(target)
         scheme = _urls.scheme(target)
         if scheme == "memory":
             return MemoryCache()
@@ -29,6 +34,10 @@ def open_cache(target: str | Cache | Any) -> Cache:
     if isinstance(target, Cache):
         return target
     module = type(target).__module__
+    if module == "redis.cluster":
+        from shardkit.cache.cluster import RedisClusterCache
+
+        return RedisClusterCache(target)
     if module.startswith("redis"):
         from shardkit.cache.redis import RedisCache
 

@@ -55,6 +55,21 @@ class Cache(Protocol):
         """Release connections this cache opened (a live client is left alone)."""
 
 
+@runtime_checkable
+class Placed(Protocol):
+    """A cache whose keys live on several servers, each on the one that owns the key's
+    hash slot (Redis Cluster). Keys that one command reads or changes together must
+    share a slot: a key's hash tag (its text between the first ``{`` and the next ``}``)
+    decides it, and ``Options.cache_key`` writes one. Both methods answer from the
+    client's map of the servers, without I/O."""
+
+    def owner(self, key: str) -> str:
+        """The server that holds ``key`` now."""
+
+    def owners(self) -> list[str]:
+        """Every server that holds keys, in a stable order."""
+
+
 def read_number(url: str, stored: bytes | str) -> int:
     """A value read from the cache at ``url`` as an int. Anything else under a shardkit key
     (another program's value) is a ``BackendError``."""

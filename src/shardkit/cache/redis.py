@@ -82,17 +82,18 @@ class RedisCore:
         self._client = client
         self._owns_client = owns_client
         self._redis = _redis_module()
-        kwargs = client.connection_pool.connection_kwargs
-        self.url = (
-            _urls.redact(url)
-            if url
-            else (
-                f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
-                f"/{kwargs.get('db', 0)}"
-            )
-        )
-        self._password = urlsplit(url).password if url else kwargs.get("password")
+        if url:
+            self.url, self._password = _urls.redact(url), urlsplit(url).password
+        else:
+            self.url, self._password = self._describe(client)
         self.roles = {"Client": client}
+
+    @staticmethod
+    def _describe(client: Any) -> tuple[str, str | None]:
+        """A live client's URL (without its password) and its password."""
+        kwargs = client.connection_pool.connection_kwargs
+        where = f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+        return f"redis://{where}/{kwargs.get('db', 0)}", kwargs.get("password")
 
     def _command(self, action: str, step: Iterable[Call[Any]]) -> Program[Any]:
         """Carry out ``step``, its Redis errors turned into ``BackendError``s."""
@@ -101,7 +102,7 @@ class RedisCore:
         except self._redis.ConnectionError as exc:
             detail = _urls.scrub(str(exc), self._password)
             raise BackendUnavailable(f"cannot reach the cache at {self.url}: {detail}") from exc
-        except self._redis.RedisError as exc:
+        except (self._redis.RedisError, self._redis.exceptions.RedisClusterException) as exc:
             detail = _urls.scrub(str(exc), self._password)
             raise BackendError(f"cache {self.url} failed while {action}: {detail}") from exc
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from shardkit._failures import FailureLog
 from shardkit._program import Call, Program
-from shardkit.cache.base import Cache
+from shardkit.cache.base import Cache, Placed
 from shardkit.counters.adjuster import Adjuster
 from shardkit.errors import BackendError
 from shardkit.store.base import Store
@@ -50,8 +50,25 @@ class Options:
         """Whether other processes see the cache's keys (see ``Cache.shared``)."""
         raise NotImplementedError
 
-    def cache_key(self, name: str, part: str) -> str:
-        return f"{self.namespace}{part}:{name}"
+    @property
+    def placement(self) -> Placed | None:
+        """The cache, if its keys live on several servers (see ``Placed``)."""
+        return None
+
+    @property
+    def default_stripes(self) -> int:
+        """How many stripes a buffered counter has unless told: one per server of a
+        cache whose keys live on several, else one."""
+        return 1 if self.placement is None else len(self.placement.owners())
+
+    def cache_key(self, name: str, part: str, tag: str | None = None) -> str:
+        """The cache key of ``part`` of counter ``name``. Where keys are placed on
+        several servers, the name (and ``tag``) is the key's hash tag: a counter's keys
+        share a server, except those of different ``tag``s."""
+        if self.placement is None:
+            return f"{self.namespace}{part}:{name}"
+        label = name if tag is None else f"{name}:{tag}"
+        return f"{self.namespace}{{{label}}}:{part}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,6 +92,10 @@ class CounterSettings(Options):
     @property
     def shared_cache(self) -> bool:
         return self.cache.shared
+
+    @cached_property
+    def placement(self) -> Placed | None:
+        return self.cache if isinstance(self.cache, Placed) else None
 
     @property
     def roles(self) -> dict[str, object]:

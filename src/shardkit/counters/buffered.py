@@ -63,7 +63,14 @@ from shardkit.errors import (
 )
 from shardkit.executor.base import Executor
 from shardkit.store.base import RETIRED, CounterInfo, Flushed, Store
-from shardkit.validation import INT64_MAX, INT64_MIN, check_delta, check_interval, check_name
+from shardkit.validation import (
+    INT64_MAX,
+    INT64_MIN,
+    check_delta,
+    check_interval,
+    check_name,
+    check_stripes,
+)
 
 # A writer that finds its generation dead adopts or starts another; a cache being wiped
 # again and again while it does so gives up after this many tries.
@@ -75,6 +82,9 @@ _BATCH = 500
 _BASE = 2**62
 # A writer whose increment takes a sum past this starts a new generation (see above).
 _FULL = 2**61
+# A generation of a stripe is drawn until its keys land on the stripe's server: at most
+# this many draws (each lands there with probability 1 / servers).
+_PLACING = 64
 MAX_DELTA = 2**40
 """The largest increment or decrement one call of a buffered counter takes."""
 # The kinds of failure that an increment rides out (logged by the kit's FailureLog).
@@ -118,19 +128,28 @@ class BufferedCore:
     kind = "buffered"
     roles: Mapping[str, Any]
 
-    def __init__(self, info: CounterInfo, options: Options, interval: float) -> None:
+    def __init__(
+        self, info: CounterInfo, options: Options, interval: float, stripes: int = 1
+    ) -> None:
         self.name = info.name
         self.interval = check_interval(interval)
+        self.stripes = check_stripes(stripes)
         self._options = options
-        self._pointer_key = options.cache_key(self.name, "buffered:generation")
-        self._writing: tuple[int, tuple[str, str]] | None = None  # generation, its keys
+        # Each stripe has a generation of its own, which the cache points at.
+        self._pointer_keys = [
+            options.cache_key(self.name, "buffered:generation" + (f":{s}" if s else ""))
+            for s in range(self.stripes)
+        ]
+        self._writing: list[tuple[int, tuple[str, str]] | None] = [None] * self.stripes
         # Generations this object started, with the process that started each: a forked
         # child's copy must never retire its parent's live generation.
         self._started: list[tuple[int, int]] = []  # (pid, generation)
         self._scheduled: tuple[int, int] | None = None  # (pid, interval number)
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r} interval={self.interval}>"
+        return (
+            f"<{type(self).__name__} {self.name!r} interval={self.interval} stripes={self.stripes}>"
+        )
 
     def _keys(self, generation: int) -> tuple[str, str]:
         return _keys(self._options, self.name, generation)
@@ -161,34 +180,52 @@ class BufferedCore:
         return self._incr(-check_delta(delta))
 
     def _bump(self, side: int, amounts: Sequence[int]) -> Program[list[None]]:
-        """Add a batch of increments (``side`` 0) or decrements (1) to the generation's
-        sum, in one cache command."""
+        """Add a batch of increments (``side`` 0) or decrements (1) to the sum of the
+        generation of a stripe drawn at random, in one cache command."""
         metrics.meter.combined(self.kind, len(amounts))
         amount = sum(amounts)
-        writing = self._writing
+        stripe = random.randrange(self.stripes) if self.stripes > 1 else 0
+        writing = self._writing[stripe]
         for _ in range(_ATTEMPTS):
             if writing is None:
-                writing = yield from self._adopt(dead=None)
+                writing = yield from self._adopt(stripe, dead=None)
             total = (yield from call(Cache.bump, writing[1][side], amount)) - _BASE
             if total >= amount:
                 if total > _FULL:  # counted; the next increments go to a new generation
-                    yield from best_effort(self._options, _MOVE, self._adopt(writing[0]))
+                    moving = self._adopt(stripe, writing[0])
+                    yield from best_effort(self._options, _MOVE, moving)
                 return [None] * len(amounts)
-            writing = yield from self._adopt(dead=writing[0])
+            writing = yield from self._adopt(stripe, dead=writing[0])
         raise BackendError(f"the cache kept losing counter {self.name!r}'s keys")
 
-    def _adopt(self, dead: int | None) -> Program[tuple[int, tuple[str, str]]]:
-        """The generation to write to (and its keys), now that ``dead`` (if any) has lost
-        its keys: the one the cache points at, unless that is ``dead`` or absent; then a
-        new one."""
-        pointer = yield from call(Cache.get, self._pointer_key)
+    def _adopt(self, stripe: int, dead: int | None) -> Program[tuple[int, tuple[str, str]]]:
+        """The generation of ``stripe`` to write to (and its keys), now that ``dead`` (if
+        any) has lost its keys: the one the cache points at, unless that is ``dead`` or
+        absent; then a new one."""
+        pointer = yield from call(Cache.get, self._pointer_keys[stripe])
         if pointer is None or pointer == dead:
-            pointer = yield from self._start_generation(replacing=pointer)
-        self._writing = (pointer, self._keys(pointer))
-        return self._writing
+            pointer = yield from self._start_generation(stripe, replacing=pointer)
+        writing = self._writing[stripe] = (pointer, self._keys(pointer))
+        return writing
 
-    def _start_generation(self, replacing: int | None) -> Program[int]:
+    def _new_generation(self, stripe: int) -> int:
+        """A random generation id; where the cache's keys live on several servers, one
+        whose keys are on the server of ``stripe`` (the stripes take turns over them)."""
         generation = random.randrange(1, 2**63)
+        placement = self._options.placement
+        if placement is None or self.stripes == 1:
+            return generation
+        owners = placement.owners()
+        target = owners[stripe % len(owners)]
+        for _ in range(_PLACING):
+            if placement.owner(self._keys(generation)[0]) == target:
+                break
+            generation = random.randrange(1, 2**63)
+        return generation
+
+    def _start_generation(self, stripe: int, replacing: int | None) -> Program[int]:
+        generation = self._new_generation(stripe)
+        pointer_key = self._pointer_keys[stripe]
         # Recorded first: a flush only reads generations the store knows, so the keys
         # must not take increments before the record exists.
         yield from call(Store.add_generation, self.name, generation)
@@ -196,14 +233,14 @@ class BufferedCore:
         for key in keys:
             yield from call(Cache.add, key, _BASE, None)
         if replacing is not None:
-            yield from call(Cache.delete, self._pointer_key)
-        if (yield from call(Cache.add, self._pointer_key, generation, None)):
+            yield from call(Cache.delete, pointer_key)
+        if (yield from call(Cache.add, pointer_key, generation, None)):
             self._record_start(generation)
             return generation
         # Another writer started one first. Nobody else knows ours, so it took nothing:
         # drop its keys and write into the winner's. (Racing replacers may still leave two
         # live generations; both are flushed, so that costs only a row.)
-        winner = yield from call(Cache.get, self._pointer_key)
+        winner = yield from call(Cache.get, pointer_key)
         if winner is None:
             self._record_start(generation)
             return generation
@@ -281,7 +318,7 @@ class BufferedCore:
             for key in self._keys(generation):
                 yield from call(Cache.delete, key)
         self._started.clear()
-        self._writing = None
+        self._writing = [None] * self.stripes
 
     # -- reads -------------------------------------------------------------------------
 
@@ -314,9 +351,14 @@ class BufferedCounter(BufferedCore):
     """
 
     def __init__(
-        self, info: CounterInfo, settings: CounterSettings, executor: Executor, interval: float
+        self,
+        info: CounterInfo,
+        settings: CounterSettings,
+        executor: Executor,
+        interval: float,
+        stripes: int = 1,
     ) -> None:
-        super().__init__(info, settings, interval)
+        super().__init__(info, settings, interval, stripes)
         self._executor = executor
         bumps = Sides(*(Combiner(self._bump_now(side)) for side in (0, 1)))
         self.roles = {**settings.roles, "Executor": executor, "Bumps": bumps}
@@ -332,9 +374,10 @@ class BufferedCounter(BufferedCore):
 
 
 def _keys(options: Options, name: str, generation: int) -> tuple[str, str]:
+    """A generation's two sums, on one server (the generation is their hash tag)."""
     return (
-        options.cache_key(name, f"buffered:{generation}:up"),
-        options.cache_key(name, f"buffered:{generation}:down"),
+        options.cache_key(name, f"buffered:{generation}:up", tag=str(generation)),
+        options.cache_key(name, f"buffered:{generation}:down", tag=str(generation)),
     )
 
 
@@ -436,14 +479,18 @@ def _flush_one(
     its dead generations that are old enough (see the module docstring)."""
     stored = sum(applied.net for applied in generations.values())
     dead: list[int] = []
-    for generation, recorded in generations.items():
-        if generation == RETIRED:
-            continue
-        pair = _keys(options, name, generation)
-        if all(live.get(key, 0) < _BASE for key in pair):
+    readings = [
+        (generation, recorded, _reading(recorded, _keys(options, name, generation), live))
+        for generation, recorded in generations.items()
+        if generation != RETIRED
+    ]
+    # Generations (a counter's stripes) that move the value towards 0 first: an advance
+    # is refused only if the value itself would leave signed 64-bit, not on the way.
+    readings.sort(key=lambda r: (r[2].net - r[1].net) * (1 if stored >= 0 else -1))
+    for generation, recorded, reading in readings:
+        if all(live.get(key, 0) < _BASE for key in _keys(options, name, generation)):
             dead.append(generation)
         applied: Flushed | None = recorded
-        reading = _reading(recorded, pair, live)
         while applied is not None and reading != applied:
             if not INT64_MIN <= stored + reading.net - applied.net <= INT64_MAX:
                 raise CounterOverflow(
