@@ -110,6 +110,8 @@ class KitTarget:
     interval: float
     report_dir: str
     """Each writer leaves a JSON file here with the store writes its kit made."""
+    stripes: int | None = None
+    """A buffered counter's stripes (None: the cache's default)."""
 
 
 @dataclass(frozen=True)
@@ -246,7 +248,7 @@ def kit_writer(target: KitTarget) -> Iterator[Op]:
             sharded.value()
             yield sharded.incr
         else:
-            buffered = kit.buffered(target.name, interval=target.interval)
+            buffered = kit.buffered(target.name, interval=target.interval, stripes=target.stripes)
             buffered.parts()
             yield buffered.incr
     report = Path(target.report_dir) / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.json"

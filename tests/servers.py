@@ -258,8 +258,8 @@ class ClusterNode(RedisServer):
     def client(self) -> redis.Redis:
         return redis.Redis(port=self.port, socket_timeout=2, socket_connect_timeout=2)
 
-    def info(self, command: str) -> dict[str, str]:
-        """``CLUSTER INFO`` or ``INFO replication``, parsed (empty if it does not answer)."""
+    def info(self, command: str) -> dict[str, Any]:
+        """``CLUSTER INFO`` or ``INFO <section>``, parsed (empty if it does not answer)."""
         client = self.client()
         try:
             text = client.execute_command(*command.split())
@@ -268,7 +268,7 @@ class ClusterNode(RedisServer):
         finally:
             client.close()
         if isinstance(text, dict):
-            return {str(k): str(v) for k, v in text.items()}
+            return {str(k): v for k, v in text.items()}
         lines = text.decode() if isinstance(text, bytes) else str(text)
         return dict(line.split(":", 1) for line in lines.splitlines() if ":" in line)
 
