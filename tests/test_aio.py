@@ -254,6 +254,12 @@ def test_an_unknown_cache_is_a_configuration_error(sqlite_url: str) -> None:
     with pytest.raises(ConfigurationError, match="memory://, redis:// or memcached://"):
         asyncio.run(main())
 
+    async def on_a_cluster() -> None:
+        await shardkit.aio.connect(sqlite_url, "redis+cluster://127.0.0.1:7000", prefix=PREFIX)
+
+    with pytest.raises(ConfigurationError, match="does not run on Redis Cluster yet"):
+        asyncio.run(on_a_cluster())
+
 
 # -- buffered counters --------------------------------------------------------------------
 

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 import shardkit
-from conftest import PREFIX, store_url_for, wait_for
+from conftest import PREFIX, free_port, store_url_for, wait_for
 from servers import ClusterNode, RedisClusterServers
+from shardkit.cache import open_cache
 from shardkit.cache.cluster import RedisClusterCache
 from shardkit.errors import BackendError
 
@@ -161,3 +162,19 @@ def test_a_primary_killed_under_load_loses_only_pending_and_repeats_no_id(
             f"{written['buffered'] - flushed['buffered']} pending at most; "
             f"{len(load.taken)} ids, none twice; sharded exact ({sharded})"
         )
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis+cluster://", "redis+cluster://127.0.0.1:7000/3", "redis+cluster://h:99999"],
+)
+def test_a_bad_cluster_url_is_a_configuration_error(url: str) -> None:
+    with pytest.raises(shardkit.ConfigurationError):
+        open_cache(url)
+
+
+def test_an_unreachable_cluster_is_named_without_its_password() -> None:
+    with pytest.raises(shardkit.BackendUnavailable) as raised:
+        open_cache(f"redis+cluster://app:s3cret-pw@127.0.0.1:{free_port()}")
+    assert "s3cret-pw" not in str(raised.value)
+    assert "redis+cluster://app:***@127.0.0.1" in str(raised.value)

@@ -402,6 +402,11 @@ def _open_cache(target: Any) -> Any:
     """An async kit's cache for a URL, a live ``redis.asyncio`` client or a pymemcache
     client."""
     if isinstance(target, str):
+        if "+cluster:" in target.partition("//")[0].lower():
+            raise ConfigurationError(
+                "the async kit does not run on Redis Cluster yet: use shardkit.connect "
+                "(the sync kit) with a redis+cluster:// cache"
+            )
         scheme = _urls.scheme(target)
         if scheme == "memory":
             return MemoryCache()
