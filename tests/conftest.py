@@ -299,7 +299,7 @@ def redis_cluster() -> Iterator[Any]:
         cluster.close()
 
 
-def _cache_url(request: pytest.FixtureRequest, kind: str) -> str:
+def cache_url_of(request: pytest.FixtureRequest, kind: str) -> str:
     if kind == CLUSTER:
         return str(request.getfixturevalue("redis_cluster").url)
     url = CACHE_URLS[kind]
@@ -310,7 +310,7 @@ def _cache_url(request: pytest.FixtureRequest, kind: str) -> str:
 
 @pytest.fixture(params=[*CACHE_URLS, CLUSTER])
 def cache_url(request: pytest.FixtureRequest) -> str:
-    return _cache_url(request, request.param)
+    return cache_url_of(request, request.param)
 
 
 @pytest.fixture(
@@ -333,7 +333,7 @@ def store(request: pytest.FixtureRequest, sqlite_url: str) -> Iterator[Store]:
 @pytest.fixture(params=["redis", "memcached", CLUSTER])
 def shared_cache_url(request: pytest.FixtureRequest) -> str:
     """The URL of each cache that processes share."""
-    return _cache_url(request, request.param)
+    return cache_url_of(request, request.param)
 
 
 @pytest.fixture

@@ -242,10 +242,17 @@ class ClusterNode(RedisServer):
     name = "redis-cluster-node"
     NODE_TIMEOUT_MS = 1000
 
-    def __init__(self) -> None:
+    def __init__(self, taken: set[int]) -> None:
+        """``taken``: the ports (and bus ports) of the other nodes of its cluster, which
+        may not be listening yet; this node's are added."""
         super().__init__()
-        while self.port > 55535 or not _free(self.port + 10000):
+        while (
+            {self.port, self.port + 10000} & taken
+            or self.port > 55535
+            or not _free(self.port + 10000)
+        ):
             self.port = free_port()
+        taken |= {self.port, self.port - 10000, self.port + 10000}
 
     def command(self) -> list[str]:
         return [
@@ -293,7 +300,8 @@ class RedisClusterServers:
         if not shutil.which("redis-cli"):
             unavailable("redis-cli is not installed")
         self.masters, self.replicas = masters, replicas
-        self.nodes = [ClusterNode() for _ in range(masters * (1 + replicas))]
+        taken: set[int] = set()
+        self.nodes = [ClusterNode(taken) for _ in range(masters * (1 + replicas))]
 
     @property
     def url(self) -> str:

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 import shardkit
 import shardkit.aio
 import workers
-from conftest import CACHE_URLS, PREFIX, STORE_URLS, Target, require
+from conftest import CACHE_URLS, CLUSTER, PREFIX, STORE_URLS, Target, cache_url_of, require
 from shardkit.errors import ConfigurationError, CounterOverflow, InvalidDelta
 from shardkit.store import open_store
 from shardkit.store.sql import _POOLED, SqlStore
@@ -26,13 +26,10 @@ T = TypeVar("T")
 SPAWN = multiprocessing.get_context("spawn")  # a process of its own, not a copy of this one
 
 
-@pytest.fixture(params=["memory", "redis", "memcached"])
+@pytest.fixture(params=["memory", "redis", "memcached", CLUSTER])
 def aio_cache_url(request: pytest.FixtureRequest) -> str:
     """The caches an async kit runs on (memcached's calls offloaded to threads)."""
-    url = CACHE_URLS[request.param]
-    if url != "memory://":
-        require(url)
-    return url
+    return cache_url_of(request, request.param)
 
 
 def with_kit(
@@ -251,14 +248,8 @@ def test_an_unknown_cache_is_a_configuration_error(sqlite_url: str) -> None:
     async def main() -> None:
         await shardkit.aio.connect(sqlite_url, "mongodb://127.0.0.1:27017", prefix=PREFIX)
 
-    with pytest.raises(ConfigurationError, match="memory://, redis:// or memcached://"):
+    with pytest.raises(ConfigurationError, match=r"redis://, redis\+cluster:// or memcached://"):
         asyncio.run(main())
-
-    async def on_a_cluster() -> None:
-        await shardkit.aio.connect(sqlite_url, "redis+cluster://127.0.0.1:7000", prefix=PREFIX)
-
-    with pytest.raises(ConfigurationError, match="does not run on Redis Cluster yet"):
-        asyncio.run(on_a_cluster())
 
 
 # -- buffered counters --------------------------------------------------------------------

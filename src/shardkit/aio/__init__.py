@@ -26,6 +26,7 @@ import os
 import types
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from shardkit import _urls, metrics
@@ -34,6 +35,7 @@ from shardkit._program import arun, awaitable
 from shardkit.aio.cache import OffloadedCache
 from shardkit.aio.executor import LoopExecutor
 from shardkit.aio.store import AsyncSqlStore, async_engine_from_url
+from shardkit.cache.base import Placed
 from shardkit.cache.memory import MemoryCache
 from shardkit.counters.adjuster import AsyncAdjuster
 from shardkit.counters.base import Options
@@ -70,6 +72,10 @@ class AsyncSettings(Options):
     @property
     def shared_cache(self) -> bool:
         return bool(self.cache.shared)
+
+    @cached_property
+    def placement(self) -> Placed | None:
+        return self.cache if isinstance(self.cache, Placed) else None
 
     @property
     def roles(self) -> dict[str, object]:
@@ -402,11 +408,10 @@ def _open_cache(target: Any) -> Any:
     """An async kit's cache for a URL, a live ``redis.asyncio`` client or a pymemcache
     client."""
     if isinstance(target, str):
-        if "+cluster:" in target.partition("//")[0].lower():
-            raise ConfigurationError(
-                "the async kit does not run on Redis Cluster yet: use shardkit.connect "
-                "(the sync kit) with a redis+cluster:// cache"
-            )
+        if target.partition(":")[0].lower() in ("redis+cluster", "rediss+cluster"):
+            from shardkit.cache.cluster import AsyncRedisClusterCache
+
+            return AsyncRedisClusterCache.from_url(target)
         scheme = _urls.scheme(target)
         if scheme == "memory":
             return MemoryCache()
@@ -419,10 +424,14 @@ def _open_cache(target: Any) -> Any:
 
             return OffloadedCache(MemcachedCache.from_url(target))
         raise ConfigurationError(
-            "an async kit's cache is memory://, redis:// or memcached://, not "
+            "an async kit's cache is memory://, redis://, redis+cluster:// or memcached://, not "
             f"{_urls.redact(target)!r}"
         )
     module = type(target).__module__
+    if module == "redis.asyncio.cluster":
+        from shardkit.cache.cluster import AsyncRedisClusterCache
+
+        return AsyncRedisClusterCache(target)
     if module.startswith("redis.asyncio"):
         from shardkit.cache.redis import AsyncRedisCache
 

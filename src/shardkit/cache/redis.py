@@ -99,10 +99,11 @@ class RedisCore:
         """Carry out ``step``, its Redis errors turned into ``BackendError``s."""
         try:
             return (yield from step)
-        except self._redis.ConnectionError as exc:
+        except (self._redis.ConnectionError, self._redis.exceptions.RedisClusterException) as exc:
+            # (A cluster client raises RedisClusterException when no node answers.)
             detail = _urls.scrub(str(exc), self._password)
             raise BackendUnavailable(f"cannot reach the cache at {self.url}: {detail}") from exc
-        except (self._redis.RedisError, self._redis.exceptions.RedisClusterException) as exc:
+        except self._redis.RedisError as exc:
             detail = _urls.scrub(str(exc), self._password)
             raise BackendError(f"cache {self.url} failed while {action}: {detail}") from exc
 
