@@ -289,14 +289,10 @@ CLUSTER = "redis-cluster"
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[Any]:
     """A Redis Cluster of the session's own, started on first use."""
-    from servers import RedisClusterServers
+    from servers import RedisClusterServers, running
 
-    cluster = RedisClusterServers()
-    try:
-        cluster.start()
+    with running(RedisClusterServers) as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 def cache_url_of(request: pytest.FixtureRequest, kind: str) -> str:

@@ -20,10 +20,11 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 import pytest
@@ -31,10 +32,14 @@ import redis
 from pymemcache.client.base import Client as MemcacheClient
 from sqlalchemy.engine import make_url
 
-from conftest import CI, free_port
+from conftest import CI, free_port, wait_for
+from shardkit.errors import BackendUnavailable
 
 STARTUP = 30.0  # seconds a server may take to answer (PostgreSQL replays its WAL)
 SHUTDOWN = 15.0  # seconds a server may take to exit before it is SIGKILLed
+WRITERS = 8  # threads of a Writers
+PAUSE = 0.005  # seconds a writer waits after a failed call
+DEADLINE = 60.0  # seconds a writer's progress or failure is awaited
 _ROOT = os.geteuid() == 0
 
 
@@ -430,13 +435,98 @@ class PgBouncerServer(Server):
             return False
 
 
+class Startable(Protocol):
+    def start(self) -> object: ...
+    def close(self) -> None: ...
+
+
+S = TypeVar("S", bound=Startable)
+
+
 @contextlib.contextmanager
-def running(kind: type[Server], *args: Any) -> Iterator[Server]:
-    """A started server of ``kind`` (made with ``args``), ended and removed when the block
-    exits, however."""
+def running(kind: Callable[..., S], *args: Any) -> Iterator[S]:
+    """A started server (or cluster) of ``kind`` (made with ``args``), ended and removed
+    when the block exits, however."""
     server = kind(*args)
     try:
         server.start()
         yield server
     finally:
         server.close()
+
+
+class Writers:
+    """``count`` threads, each calling ``write(slot)`` again and again until stopped,
+    recording what every call did: returned (when), or raised (what)."""
+
+    def __init__(
+        self, write: Callable[[int], object], count: int = WRITERS, pause: float = PAUSE
+    ) -> None:
+        self.write = write
+        self.pause = pause
+        self.done = threading.Event()
+        self.acked = [0] * count
+        self.ok_at: list[list[float]] = [[] for _ in range(count)]
+        self.errors: list[list[BaseException]] = [[] for _ in range(count)]
+        self.threads = [threading.Thread(target=self._run, args=(s,)) for s in range(count)]
+
+    def _run(self, slot: int) -> None:
+        while not self.done.is_set():
+            try:
+                self.write(slot)
+            except Exception as exc:  # recorded: the test checks what was raised
+                self.errors[slot].append(exc)
+                time.sleep(self.pause)
+            else:
+                self.acked[slot] += 1
+                self.ok_at[slot].append(time.monotonic())
+
+    def __enter__(self) -> Writers:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        for thread in self.threads:
+            thread.join(DEADLINE)
+        assert not any(thread.is_alive() for thread in self.threads), "a writer hangs"
+
+    def status(self) -> str:
+        return f"(acked {self.acked}, errors {[len(e) for e in self.errors]})"
+
+    def wait_acked(self, more: int) -> None:
+        """Wait until every writer has had ``more`` more calls return."""
+        wanted = [n + more for n in self.acked]
+        wait_for(
+            lambda: all(n >= w for n, w in zip(self.acked, wanted, strict=True)),
+            f"{more} more writes of every writer",
+            DEADLINE,
+            self.status,
+        )
+
+    def wait_failed(self, slots: range | None = None) -> None:
+        """Wait until every writer of ``slots`` (all) has had a call raise since now."""
+        slots = slots or range(len(self.threads))
+        seen = [len(self.errors[slot]) for slot in slots]
+        wait_for(
+            lambda: all(len(self.errors[s]) > n for s, n in zip(slots, seen, strict=True)),
+            f"a failed call of writers {slots}",
+            DEADLINE,
+            self.status,
+        )
+
+    def raised(self) -> list[BaseException]:
+        return [exc for errors in self.errors for exc in errors]
+
+    def check_errors(self) -> None:
+        """Some calls raised (the outage was seen), and every one raised
+        ``BackendUnavailable``: the server could not be reached, or was lost mid-call."""
+        raised = self.raised()
+        assert raised, "no call failed: the outage was not seen"
+        wrong = [exc for exc in raised if not isinstance(exc, BackendUnavailable)]
+        assert not wrong, f"{len(wrong)} calls raised something else, e.g. {wrong[0]!r}"
+
+    def recovery(self, answered_at: float) -> list[float]:
+        """Seconds from ``answered_at`` to each writer's first success after it."""
+        return [next(t for t in times if t >= answered_at) - answered_at for times in self.ok_at]

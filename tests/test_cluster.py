@@ -8,16 +8,14 @@ marks, processes sharing the cache) run on the session's cluster through the
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import shardkit
-from conftest import PREFIX, free_port, store_url_for, wait_for
-from servers import ClusterNode, RedisClusterServers
+from conftest import PREFIX, free_port, store_url_for
+from servers import ClusterNode, RedisClusterServers, Writers, running
 from shardkit.cache import open_cache
 from shardkit.cache.cluster import RedisClusterCache
 from shardkit.errors import BackendError
@@ -59,108 +57,52 @@ def test_stripes_spread_one_hot_counter_over_every_primary(
     assert sorted(spread[1]) == [0, 0, 3000], spread  # one primary takes them all
 
 
-class Load:
-    """Writer threads on one kit: a sharded and a (striped) buffered counter, and ids.
-    A call that raises (the cluster failing over) is not counted; every one that
-    returns is."""
-
-    def __init__(self, kit: shardkit.Kit, name: str, threads: int = 6) -> None:
-        self.sharded = kit.sharded(name, shards=8)
-        self.buffered = kit.buffered(f"{name}:buffered", interval=3600)
-        self.ids = kit.ids(f"{name}:ids", block=50)
-        self.acked = {"sharded": 0, "buffered": 0}
-        self.taken: list[int] = []
-        self.failed = 0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._write, args=(i,)) for i in range(threads)]
-
-    def _write(self, index: int) -> None:
-        kind = ("sharded", "buffered", "ids")[index % 3]
-        while not self._stop.is_set():
-            try:
-                if kind == "sharded":
-                    self.sharded.incr()
-                elif kind == "buffered":
-                    self.buffered.incr()
-                else:
-                    taken = self.ids.next()
-            except BackendError:
-                with self._lock:
-                    self.failed += 1
-                time.sleep(0.01)
-                continue
-            with self._lock:
-                if kind == "ids":
-                    self.taken.append(taken)
-                else:
-                    self.acked[kind] += 1
-
-    def __enter__(self) -> Load:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join()
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return {**self.acked, "ids": len(self.taken)}
-
-
-@pytest.fixture
-def own_cluster() -> Iterator[RedisClusterServers]:
-    """A cluster of the test's own, which it may break."""
-    cluster = RedisClusterServers()
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.close()
-
-
 def test_a_primary_killed_under_load_loses_only_pending_and_repeats_no_id(
-    own_cluster: RedisClusterServers, sqlite_url: str, name: str, capsys: Any
+    sqlite_url: str, name: str, capsys: Any
 ) -> None:
     store = store_url_for("postgres", sqlite_url)
-    with shardkit.connect(store, own_cluster.url, prefix=PREFIX) as kit, Load(kit, name) as load:
-        wait_for(lambda: min(load.snapshot().values()) >= 200, "writers under way", 30)
-        flushed = load.snapshot()  # all of this reaches the store before the kill
+    with running(RedisClusterServers) as cluster:  # its own: it breaks it
+        kit = shardkit.connect(store, cluster.url, prefix=PREFIX)
+        sharded = kit.sharded(name, shards=8)
+        buffered = kit.buffered(f"{name}:buffered", interval=3600)
+        ids = kit.ids(f"{name}:ids", block=50)
+        taken: list[int] = []
+        kinds = ("sharded", "buffered", "ids")
+        calls = (sharded.incr, buffered.incr, lambda: taken.append(ids.next()))
+
+        def acked(writers: Writers) -> dict[str, int]:
+            """Calls that returned, by kind (writer ``slot`` writes ``kinds[slot % 3]``)."""
+            return {kind: sum(writers.acked[k::3]) for k, kind in enumerate(kinds)}
+
+        with Writers(lambda slot: calls[slot % 3](), count=6, pause=0.01) as writers:
+            writers.wait_acked(200)
+            flushed = acked(writers)  # all of this reaches the store before the kill
+            kit.flush_all()
+            victim = cluster.primaries()[0]
+            cluster.kill(victim)
+            killed_at = time.monotonic()
+            cluster.wait_healthy()
+            promoted = time.monotonic() - killed_at
+            written = acked(writers)
+            writers.wait_acked(200)  # and on after the failover
+        done = acked(writers)
         kit.flush_all()
-        victim = own_cluster.primaries()[0]
-        own_cluster.kill(victim)
-        killed_at = time.monotonic()
-        own_cluster.wait_healthy()
-        promoted = time.monotonic() - killed_at
-        written = load.snapshot()
-        wait_for(
-            lambda: all(load.snapshot()[k] >= written[k] + 200 for k in written),
-            "writers to go on after the failover",
-            30,
-        )
-    acked = load.snapshot()
-    kit = shardkit.connect(store, own_cluster.url, prefix=PREFIX)
-    try:
-        kit.flush_all()
-        sharded = kit.sharded(name).value(fresh=True)
-        buffered = kit.buffered(f"{name}:buffered", interval=3600).parts()
-    finally:
+        counted = sharded.value(fresh=True), buffered.parts()
         kit.close()
-    assert sharded == acked["sharded"]  # the store is the truth: exact
-    assert buffered.pending == 0
-    lost = acked["buffered"] - buffered.stored
+    assert counted[0] == done["sharded"]  # the store is the truth: exact
+    assert counted[1].pending == 0
+    lost = done["buffered"] - counted[1].stored
     # Never doubled; lost at most what had not been flushed when the primary died.
     assert 0 <= lost <= written["buffered"] - flushed["buffered"]
-    assert len(set(load.taken)) == len(load.taken)  # no id handed out twice
+    assert len(set(taken)) == len(taken) == done["ids"]  # no id handed out twice
+    raised = writers.raised()
+    assert all(isinstance(exc, BackendError) for exc in raised)
     with capsys.disabled():
         print(
-            f"\nfailover: replica promoted {promoted:.1f} s after the kill; "
-            f"{load.failed} calls raised meanwhile; buffered lost {lost} of "
-            f"{written['buffered'] - flushed['buffered']} pending at most; "
-            f"{len(load.taken)} ids, none twice; sharded exact ({sharded})"
+            f"\nfailover: replica promoted {promoted:.1f} s after the kill; {len(raised)} "
+            f"calls raised meanwhile; buffered lost {lost} of "
+            f"{written['buffered'] - flushed['buffered']} unflushed at most; "
+            f"{len(taken)} ids, none twice; sharded exact ({counted[0]})"
         )
 
 

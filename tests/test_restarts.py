@@ -26,23 +26,29 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
 
 import shardkit
 from conftest import PREFIX, wait_for
-from servers import MemcachedServer, PostgresServer, RedisServer, Server, running
+from servers import (
+    DEADLINE,
+    WRITERS,
+    MemcachedServer,
+    PostgresServer,
+    RedisServer,
+    Server,
+    Writers,
+    running,
+)
 from shardkit.counters.ids import _CLAIM_WAIT as CLAIM_WAIT
 from shardkit.errors import BackendUnavailable
 
 pytestmark = pytest.mark.slow
 
-WRITERS = 8
 RECOVERY = 5.0  # seconds from a server's first answer to each writer's first success
-DEADLINE = 60.0  # seconds anything else awaited may take
-PAUSE = 0.005  # seconds a writer waits after a failed call
 
 
 @pytest.fixture(scope="module")
@@ -80,80 +86,6 @@ def cache(cache_server: Server) -> Server:
 @pytest.fixture
 def redis(redis_server: Server) -> Server:
     return redis_server.up()
-
-
-class Writers:
-    """``WRITERS`` threads, each calling ``write(slot)`` again and again until stopped,
-    recording what every call did: returned (when), or raised (what)."""
-
-    def __init__(self, write: Callable[[int], object], pause: float = PAUSE) -> None:
-        self.write = write
-        self.pause = pause
-        self.done = threading.Event()
-        self.acked = [0] * WRITERS
-        self.ok_at: list[list[float]] = [[] for _ in range(WRITERS)]
-        self.errors: list[list[BaseException]] = [[] for _ in range(WRITERS)]
-        self.threads = [threading.Thread(target=self._run, args=(s,)) for s in range(WRITERS)]
-
-    def _run(self, slot: int) -> None:
-        while not self.done.is_set():
-            try:
-                self.write(slot)
-            except Exception as exc:  # recorded: the test checks what was raised
-                self.errors[slot].append(exc)
-                time.sleep(self.pause)
-            else:
-                self.acked[slot] += 1
-                self.ok_at[slot].append(time.monotonic())
-
-    def __enter__(self) -> Writers:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.done.set()
-        for thread in self.threads:
-            thread.join(DEADLINE)
-        assert not any(thread.is_alive() for thread in self.threads), "a writer hangs"
-
-    def status(self) -> str:
-        return f"(acked {self.acked}, errors {[len(e) for e in self.errors]})"
-
-    def wait_acked(self, more: int) -> None:
-        """Wait until every writer has had ``more`` more calls return."""
-        wanted = [n + more for n in self.acked]
-        wait_for(
-            lambda: all(n >= w for n, w in zip(self.acked, wanted, strict=True)),
-            f"{more} more writes of every writer",
-            DEADLINE,
-            self.status,
-        )
-
-    def wait_failed(self, slots: range = range(WRITERS)) -> None:
-        """Wait until every writer of ``slots`` has had a call raise since now."""
-        seen = [len(self.errors[slot]) for slot in slots]
-        wait_for(
-            lambda: all(len(self.errors[s]) > n for s, n in zip(slots, seen, strict=True)),
-            f"a failed call of writers {slots}",
-            DEADLINE,
-            self.status,
-        )
-
-    def raised(self) -> list[BaseException]:
-        return [exc for errors in self.errors for exc in errors]
-
-    def check_errors(self) -> None:
-        """Some calls raised (the outage was seen), and every one raised
-        ``BackendUnavailable``: the server could not be reached, or was lost mid-call."""
-        raised = self.raised()
-        assert raised, "no call failed: the outage was not seen"
-        wrong = [exc for exc in raised if not isinstance(exc, BackendUnavailable)]
-        assert not wrong, f"{len(wrong)} calls raised something else, e.g. {wrong[0]!r}"
-
-    def recovery(self, answered_at: float) -> list[float]:
-        """Seconds from ``answered_at`` to each writer's first success after it."""
-        return [next(t for t in times if t >= answered_at) - answered_at for times in self.ok_at]
 
 
 # -- PostgreSQL ------------------------------------------------------------------------------
