@@ -322,6 +322,27 @@ class RedisClusterServers:
         if made.returncode != 0:
             pytest.fail(f"redis-cli --cluster create failed: {made.stdout}{made.stderr}")
         self.wait_healthy()
+        self.wait_replicating()
+
+    def wait_replicating(self, timeout: float = 60.0) -> None:
+        """Wait until a write to each primary is acknowledged by a replica (``WAIT``):
+        a replica is "online" before its first full sync is done."""
+        from redis.cluster import RedisCluster
+
+        client = RedisCluster(host="127.0.0.1", port=self.nodes[0].port)
+        try:
+            for primary in client.get_primaries():
+                key = next(k for k in map(str, range(100_000))
+                           if client.get_node_from_key(k).name == primary.name)  # fmt: skip
+                pipe = client.get_redis_connection(primary).pipeline(transaction=False)
+
+                def acked(key: str = key, pipe: Any = pipe) -> bool:
+                    pipe.set(key, 1).wait(1, 100)
+                    return bool(pipe.execute()[1])
+
+                wait_for(acked, f"a replica of {primary.name} to acknowledge", timeout)
+        finally:
+            client.close()
 
     def alive(self) -> list[ClusterNode]:
         return [n for n in self.nodes if n.process is not None and n.process.poll() is None]

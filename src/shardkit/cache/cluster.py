@@ -12,9 +12,12 @@ client.
 A primary acknowledges a write before its replicas have it, so a failover can bring a
 key back to an older value. For ``incr`` — what ids and monotonic values are handed out
 from — that would hand a value out twice: ``incr`` therefore returns only once a replica
-has the increment too (``WAIT``, in one pipeline with it on the primary's connection),
-when the primary has one (up to ``_WAIT_MS`` for a replica that does not answer; then
-the value is handed out, as with no replica).
+has the increment too (``WAIT``, in one pipeline with it on the primary's connection).
+If no replica acknowledges within ``_WAIT_MS`` the value is handed out then; a primary
+found with no replica at all (its replica was promoted, or is down) is written to
+without waiting for the next ``_ALONE`` seconds: with no replica, no failover can bring
+an older value back. (A replica that lags more than ``_WAIT_MS`` and is then promoted
+could: a documented limit.)
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ from shardkit._program import Program, awaitable, blocking, call
 from shardkit.cache.redis import _INCR, Client, RedisCore, _redis_module
 from shardkit.errors import BackendError, BackendUnavailable, ConfigurationError
 
-# How long an increment waits for a replica to acknowledge it.
+# How long an increment waits for a replica to acknowledge it; for how long a primary
+# whose replica did not is written to without waiting.
 _WAIT_MS = 500
+_ALONE = 5.0
 # Errors of a slot on the move: read the cluster's map again, and try there.
 _MOVING = ("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN")
 # How long an increment is retried while the cluster fails over (a replica is promoted
@@ -140,7 +145,12 @@ class ClusterCore(RedisCore):
             except redis.exceptions.NoScriptError:
                 yield from self._command("loading a script", call(Client.script_load, _INCR.source))
                 continue
-            except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
+            except (
+                redis.ConnectionError,
+                redis.TimeoutError,
+                redis.ResponseError,
+                redis.exceptions.RedisClusterException,  # e.g. a slot no node serves yet
+            ) as exc:
                 detail = _urls.scrub(str(exc), self._password)
                 moving = str(exc).split(" ", 1)[0] in _MOVING
                 if isinstance(exc, redis.ResponseError) and not moving:
@@ -155,18 +165,43 @@ class ClusterCore(RedisCore):
             yield from call(Replicas.refresh)
 
 
+class _Alone:
+    """The primaries found with no replica (``ROLE``) after a write no replica
+    acknowledged within ``_WAIT_MS``: for ``_ALONE`` seconds their writes are not waited
+    for (each would wait the whole timeout, and a primary with no replica cannot be
+    replaced by a stale one). A primary whose replica lags is waited for all the same."""
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+
+    def waits(self, node: str) -> bool:
+        return self._until.get(node, 0.0) <= time.monotonic()
+
+    def found(self, node: str, role: Any) -> None:
+        """``ROLE``'s answer of ``node``, asked after a write no replica acknowledged."""
+        if not role[2]:  # a primary's ROLE lists its replicas third
+            self._until[node] = time.monotonic() + _ALONE
+
+
 class _NodePipes:
     """``Replicas`` on a sync ``RedisCluster``: each node's own client, from redis-py."""
 
     def __init__(self, client: Any) -> None:
         self._client = client
+        self._alone = _Alone()
 
     def incr(self, key: str, delta: int) -> Any:
         node = self._client.get_node_from_key(key)
         pipe = self._client.get_redis_connection(node).pipeline(transaction=False)
         pipe.evalsha(_INCR.sha, 1, key, delta)
-        pipe.wait(1, _WAIT_MS)
-        return pipe.execute()[0]
+        waits = self._alone.waits(node.name)
+        if waits:
+            pipe.wait(1, _WAIT_MS)
+        done = pipe.execute()
+        if waits and not done[1]:
+            role = self._client.get_redis_connection(node).execute_command("ROLE")
+            self._alone.found(node.name, role)
+        return done[0]
 
     def refresh(self) -> None:
         redis = _redis_module()
@@ -181,6 +216,7 @@ class _AsyncNodePipes:
     def __init__(self, client: Any) -> None:
         self._client = client
         self._nodes: dict[str, Any] = {}
+        self._alone = _Alone()
 
     async def incr(self, key: str, delta: int) -> Any:
         node = self._client.get_node_from_key(key)
@@ -197,10 +233,15 @@ class _AsyncNodePipes:
                 ssl=issubclass(node.connection_class, redis.asyncio.SSLConnection),
                 socket_connect_timeout=5,
             )
+        waits = self._alone.waits(node.name)
         async with own.pipeline(transaction=False) as pipe:
             pipe.evalsha(_INCR.sha, 1, key, delta)
-            pipe.wait(1, _WAIT_MS)
-            return (await pipe.execute())[0]
+            if waits:
+                pipe.wait(1, _WAIT_MS)
+            done = await pipe.execute()
+        if waits and not done[1]:
+            self._alone.found(node.name, await own.execute_command("ROLE"))
+        return done[0]
 
     async def refresh(self) -> None:
         redis = _redis_module()
