@@ -139,3 +139,22 @@ def test_an_unreachable_cluster_is_named_without_its_password() -> None:
         open_cache(f"redis+cluster://app:s3cret-pw@127.0.0.1:{free_port()}")
     assert "s3cret-pw" not in str(raised.value)
     assert "redis+cluster://app:***@127.0.0.1" in str(raised.value)
+
+
+def test_names_with_braces_keep_their_stripes_apart(
+    redis_cluster: RedisClusterServers, sqlite_url: str, name: str
+) -> None:
+    """A hash tag ends at the first ``}``: the tags are digests, so any name spreads."""
+    with shardkit.connect(sqlite_url, redis_cluster.url, prefix=PREFIX) as kit:
+        cache = kit.cache
+        assert isinstance(cache, RedisClusterCache)
+        counter = kit.buffered(f"}}{name}{{x}}", interval=3600)
+        for _ in range(300):
+            counter.incr()
+        generations = kit.store.generations([counter.name])[counter.name]
+        assert {cache.owner(counter._keys(g)[0]) for g in generations} == set(cache.owners())
+        for generation in generations:  # a generation's two sums on one primary
+            up, down = counter._keys(generation)
+            assert cache.owner(up) == cache.owner(down)
+        counter.flush()
+        assert counter.parts() == (300, 0)

@@ -27,6 +27,7 @@ import contextlib
 import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple, Protocol
+from urllib.parse import unquote
 
 from shardkit import _urls
 from shardkit._program import Program, awaitable, blocking, call
@@ -37,8 +38,6 @@ from shardkit.errors import BackendError, BackendUnavailable, ConfigurationError
 # whose replica did not is written to without waiting.
 _WAIT_MS = 500
 _ALONE = 5.0
-# Errors of a slot on the move: read the cluster's map again, and try there.
-_MOVING = ("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN")
 # How long an increment is retried while the cluster fails over (a replica is promoted
 # once the others have missed its primary for cluster-node-timeout, and voted).
 _FAILOVER = 15.0
@@ -68,7 +67,8 @@ def parse(url: str) -> Startup:
         where = _urls.split(f"redis://{host}", "cache")
         nodes.append((where.hostname or "localhost", where.port or 6379))
     ssl = parts.scheme.lower().startswith("rediss")
-    return Startup(nodes, parts.username, parts.password, ssl)
+    username, password = (unquote(v) if v else v for v in (parts.username, parts.password))
+    return Startup(nodes, username, password, ssl)
 
 
 class Replicas(Protocol):
@@ -117,7 +117,10 @@ class ClusterCore(RedisCore):
 
     def owner(self, key: str) -> str:
         """The primary that holds ``key`` now (from the client's map of the cluster)."""
-        return str(self._client.get_node_from_key(key).name)
+        try:
+            return str(self._client.get_node_from_key(key).name)
+        except self._redis.exceptions.RedisClusterException as exc:  # a slot nobody serves
+            raise BackendUnavailable(f"cannot place a key in the cache at {self.url}") from exc
 
     def owners(self) -> list[str]:
         """The cluster's primaries, in a stable order."""
@@ -136,30 +139,37 @@ class ClusterCore(RedisCore):
         the key's new primary (a failover, a migrated slot) for up to ``_FAILOVER``
         seconds."""
         redis = self._redis
+        errors = redis.exceptions
+        # A slot on the move, a node gone, a slot nobody serves yet: ask the cluster
+        # where the key is now, and try there.
+        moving = (
+            errors.AskError,  # MovedError too
+            errors.TryAgainError,
+            errors.ClusterDownError,
+            redis.ConnectionError,
+            redis.TimeoutError,
+            errors.RedisClusterException,
+        )
         deadline = time.monotonic() + _FAILOVER
         pause = 0.05
         while True:
             try:
                 value = yield from call(Replicas.incr, key, delta)
                 return None if value is None else int(value)
-            except redis.exceptions.NoScriptError:
+            except errors.NoScriptError as exc:  # a new primary: load it there
+                if time.monotonic() > deadline:
+                    raise BackendError(f"cache {self.url} keeps losing its script") from exc
                 yield from self._command("loading a script", call(Client.script_load, _INCR.source))
                 continue
-            except (
-                redis.ConnectionError,
-                redis.TimeoutError,
-                redis.ResponseError,
-                redis.exceptions.RedisClusterException,  # e.g. a slot no node serves yet
-            ) as exc:
-                detail = _urls.scrub(str(exc), self._password)
-                moving = str(exc).split(" ", 1)[0] in _MOVING
-                if isinstance(exc, redis.ResponseError) and not moving:
-                    raise BackendError(
-                        f"cache {self.url} failed while incrementing: {detail}"
-                    ) from exc
+            except moving as exc:
                 if time.monotonic() > deadline:
+                    detail = _urls.scrub(str(exc), self._password)
                     unreachable = f"cannot reach the cache at {self.url}: {detail}"
                     raise BackendUnavailable(unreachable) from exc
+            except redis.RedisError as exc:
+                detail = _urls.scrub(str(exc), self._password)
+                failed = f"cache {self.url} failed while incrementing: {detail}"
+                raise BackendError(failed) from exc
             yield from call(Clock.sleep, pause)
             pause = min(pause * 2, 1.0)
             yield from call(Replicas.refresh)
@@ -199,8 +209,9 @@ class _NodePipes:
             pipe.wait(1, _WAIT_MS)
         done = pipe.execute()
         if waits and not done[1]:
-            role = self._client.get_redis_connection(node).execute_command("ROLE")
-            self._alone.found(node.name, role)
+            with contextlib.suppress(_redis_module().RedisError):  # the value is counted
+                role = self._client.get_redis_connection(node).execute_command("ROLE")
+                self._alone.found(node.name, role)
         return done[0]
 
     def refresh(self) -> None:
@@ -221,18 +232,13 @@ class _AsyncNodePipes:
     async def incr(self, key: str, delta: int) -> Any:
         node = self._client.get_node_from_key(key)
         own = self._nodes.get(node.name)
-        if own is None:
+        if own is None:  # with every connection setting of the cluster client's
             import redis.asyncio
 
-            login = node.connection_kwargs
-            own = self._nodes[node.name] = redis.asyncio.Redis(
-                host=node.host,
-                port=node.port,
-                username=login.get("username"),
-                password=login.get("password"),
-                ssl=issubclass(node.connection_class, redis.asyncio.SSLConnection),
-                socket_connect_timeout=5,
+            pool = redis.asyncio.ConnectionPool(
+                connection_class=node.connection_class, **node.connection_kwargs
             )
+            own = self._nodes[node.name] = redis.asyncio.Redis.from_pool(pool)  # owns it
         waits = self._alone.waits(node.name)
         async with own.pipeline(transaction=False) as pipe:
             pipe.evalsha(_INCR.sha, 1, key, delta)
@@ -240,7 +246,8 @@ class _AsyncNodePipes:
                 pipe.wait(1, _WAIT_MS)
             done = await pipe.execute()
         if waits and not done[1]:
-            self._alone.found(node.name, await own.execute_command("ROLE"))
+            with contextlib.suppress(_redis_module().RedisError):  # the value is counted
+                self._alone.found(node.name, await own.execute_command("ROLE"))
         return done[0]
 
     async def refresh(self) -> None:
@@ -319,6 +326,7 @@ class AsyncRedisClusterCache(ClusterCore):
             password=startup.password,
             ssl=startup.ssl,
             socket_connect_timeout=5,
+            socket_timeout=5,
         )
         return cls(client, url=url, owns_client=True)
 

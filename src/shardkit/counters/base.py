@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 from collections.abc import Callable, Iterable
@@ -67,8 +68,11 @@ class Options:
         share a server, except those of different ``tag``s."""
         if self.placement is None:
             return f"{self.namespace}{part}:{name}"
-        label = name if tag is None else f"{name}:{tag}"
-        return f"{self.namespace}{{{label}}}:{part}"
+        # The tag is a digest of the name: a name may hold braces, which would end it.
+        label = hashlib.blake2b(name.encode(), digest_size=8).hexdigest()
+        if tag is not None:
+            label = f"{label}:{tag}"
+        return f"{self.namespace}{{{label}}}:{part}:{name}"
 
 
 @dataclass(frozen=True, kw_only=True)
