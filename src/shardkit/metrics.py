@@ -105,6 +105,20 @@ def start() -> None:
         enable()
 
 
+def prometheus() -> Any:
+    """The ``prometheus_client`` module (with its ``core`` and ``multiprocess``);
+    ``MissingDriver`` if it is not installed."""
+    try:
+        import prometheus_client
+        import prometheus_client.core
+        import prometheus_client.multiprocess
+    except ImportError as exc:
+        raise MissingDriver(
+            "metrics need prometheus_client: pip install 'shardkit[metrics]'"
+        ) from exc
+    return prometheus_client
+
+
 def timed(kind: str, write: Program[T]) -> Program[T]:
     """The program ``write`` of a counter of ``kind``, reporting its outcome and duration
     when metrics are on (a result of False is a repeated key; an exception, not a
@@ -130,12 +144,7 @@ class _PrometheusMeter(Meter):
     enabled = True
 
     def __init__(self, registry: Any) -> None:
-        try:
-            import prometheus_client as prom
-        except ImportError as exc:
-            raise MissingDriver(
-                "metrics need prometheus_client: pip install 'shardkit[metrics]'"
-            ) from exc
+        prom = prometheus()
         where = {"registry": registry} if registry is not None else {}
         self._seconds = prom.Histogram(
             "shardkit_write_seconds",

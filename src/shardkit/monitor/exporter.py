@@ -13,8 +13,9 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from shardkit.errors import MissingDriver, ShardkitError
+from shardkit.errors import ShardkitError
 from shardkit.mapper.ledger import FINISHED
+from shardkit.metrics import prometheus
 
 from .report import counter_views
 
@@ -23,18 +24,6 @@ if TYPE_CHECKING:
 
 # Jobs whose progress a scrape reports: the running ones, and the latest finished.
 _FINISHED_JOBS = 20
-
-
-def _prometheus() -> Any:
-    try:
-        import prometheus_client
-        import prometheus_client.core
-        import prometheus_client.multiprocess
-    except ImportError as exc:
-        raise MissingDriver(
-            "metrics need prometheus_client: pip install 'shardkit[metrics]'"
-        ) from exc
-    return prometheus_client
 
 
 class KitCollector:
@@ -52,7 +41,7 @@ class KitCollector:
         return []  # nothing is read when the collector is registered
 
     def collect(self) -> Iterator[Any]:
-        core = _prometheus().core
+        core = prometheus().core
         families: list[Any] = []
         ok = 1
         try:
@@ -144,12 +133,12 @@ def registry(kit: Kit | None, counters: Sequence[str] = ()) -> Any:
     """A prometheus_client registry of everything shardkit exposes: the recorded metrics
     (every process's, under ``$PROMETHEUS_MULTIPROC_DIR``; else this one's) and, given a
     (sync) ``kit``, a ``KitCollector`` on it with ``counters`` listed."""
-    prometheus = _prometheus()
-    collected = prometheus.CollectorRegistry(auto_describe=False)
+    prom = prometheus()
+    collected = prom.CollectorRegistry(auto_describe=False)
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        prometheus.multiprocess.MultiProcessCollector(collected)
+        prom.multiprocess.MultiProcessCollector(collected)
     else:
-        collected.register(_Recorded(prometheus.REGISTRY))
+        collected.register(_Recorded(prom.REGISTRY))
     if kit is not None:
         collected.register(KitCollector(kit, counters))
     return collected
@@ -158,7 +147,7 @@ def registry(kit: Kit | None, counters: Sequence[str] = ()) -> Any:
 def exposition(collected: Any, accept: str | None) -> tuple[bytes, str]:
     """``collected``'s metrics in the format ``accept`` asks for (Prometheus text or
     OpenMetrics): the body and its content type."""
-    encoder, content_type = _prometheus().exposition.choose_encoder(accept or "")
+    encoder, content_type = prometheus().exposition.choose_encoder(accept or "")
     return encoder(collected), content_type
 
 
@@ -167,7 +156,7 @@ class MetricsServer:
     server); ``close()`` stops it."""
 
     def __init__(self, kit: Kit, port: int, host: str, counters: Sequence[str]) -> None:
-        self._server, self._thread = _prometheus().start_http_server(
+        self._server, self._thread = prometheus().start_http_server(
             port, host, registry(kit, counters)
         )
 
