@@ -1,53 +1,89 @@
-"""Visit every row of a big PostgreSQL table: ``kit.map`` against a keyset loop and OFFSET.
+"""Visit every row of a big PostgreSQL table: ``kit.map`` against the loops it replaces.
 
 Every mode does the same work for each page of ``--page-size`` rows, in one transaction
-per page: read the page in key order, ``UPDATE bench_accounts SET balance = balance + 1
-WHERE id = ANY(<the page's ids>)``, then sleep ``--io-wait`` seconds (a function that
-waits on I/O: an API call, a file) before the transaction commits.
+per page: read the page in key order, run ``fn`` on it, commit. With ``--fn update`` (the
+default) ``fn`` is ``UPDATE <table> SET balance = balance + 1 WHERE id = ANY(<the page's
+ids>)`` followed by ``--io-wait`` seconds of sleep (a function that waits on I/O: an API
+call, a file); with ``--fn noop`` it does nothing, which leaves what finding the pages
+costs.
 
 * shardkit - ``kit.map(table, fn, transactional=True, page_size=…, fanout=…)`` on a
              ``LocalExecutor(workers=…)``; ``fn`` writes through ``batch.conn``, so each
              page's update commits with its checkpoint. The kit's connections (its pool
-             keeps one per worker) are opened before the clock starts (the loops' one is
+             keeps one per worker) are opened before the clock starts (the loops' are
              open too); ``job.wait`` wakes when the job completes, so its end is timed
              as it happens
+* fixed    - the split written by hand: read ``min(id)`` and ``max(id)``, cut that span
+             into ``--workers`` equal key ranges (integer arithmetic; strings are
+             interpolated between min and max as numbers whose digits are code points,
+             and the cut points sorted by the database: ``SELECT unnest(CAST(:points AS
+             text[])) ORDER BY 1``), and walk each range with a keyset loop in a thread
+             and connection of its own. Its time includes reading min and max
 * keyset   - one loop: ``SELECT … WHERE id > :last ORDER BY id LIMIT :page``, the work
 * offset   - one loop: ``SELECT … ORDER BY id LIMIT :page OFFSET :offset``, the work;
-             stopped after ``--offset-seconds`` and extrapolated to the whole table
+             stopped after ``--offset-seconds`` and extrapolated to the whole table (not
+             run unless named in ``--modes``)
+
+Each kind of key (``--keys``) has a table of its own, ``(id <key> primary key, balance
+bigint)``, made with ``INSERT … SELECT generate_series`` and reused when it holds exactly
+``--rows`` rows of that kind (a table comment names the kind and the count). Rows are
+inserted in key order, with ``fillfactor = 50`` so that updates mostly stay on their page
+(HOT) and the order holds over runs: ``fn``'s ``UPDATE`` of a page is then an index scan
+in every mode (string keys in random heap order made PostgreSQL scan the whole table
+for some of those updates; on a table of a few tens of thousands of rows it still does):
+
+* sequential - ``bench_accounts``: ids 1…N
+* skewed     - ``bench_skewed``: 90 % of the rows at ids 1…0.9·N, the other 10 % evenly
+               spread over the 100·N ids above them (every ≈ 1000th id)
+* string     - ``bench_names``: ``md5(g::text)`` for g = 1…N, in the database's collation
 
 Extrapolating ``offset``: PostgreSQL reads and throws away the ``offset`` rows before a
 page, so reading page i costs ``a + b·i``, growing linearly with its number; the rest of
-a page (update, wait, commit) does not depend on where it is. The mode times both parts
-of each page it visits before the time limit, fits the reads to ``a + b·i`` (least
-squares on the medians of 40 runs of consecutive pages, so that pages slowed by other
-work on the machine do not tilt the line) and averages the rest to ``r``; the pages it
-did not reach (i = k … N - 1) are added as ``sum(a + b·i + r)``. The total is the
-measured time plus that sum, marked ``≈`` and printed with the fit. A run that reaches
-the end of the table in time is reported as measured.
+a page (fn, commit) does not depend on where it is. The mode times both parts of each
+page it visits before the time limit, fits the reads to ``a + b·i`` (least squares on the
+medians of 40 runs of consecutive pages, so that pages slowed by other work on the
+machine do not tilt the line) and averages the rest to ``r``; the pages it did not reach
+(i = k … N - 1) are added as ``sum(a + b·i + r)``. The total is the measured time plus
+that sum, marked ``≈`` and printed with the fit. A run that reaches the end of the table
+in time is reported as measured.
 
-The table ``bench_accounts(id bigint primary key, balance bigint)`` is made with
-``INSERT … SELECT generate_series`` (ids 1…``--rows``) and reused when it already holds
-exactly those ids. It is vacuumed before each mode, so no mode pays for the dead rows of
-the one before. Each mode is checked: ``sum(balance)`` moved by exactly the rows it
-visited, and, against a copy of the balances taken before it, those rows each rose by
-exactly 1 and no other row changed (every row, for ``shardkit`` and ``keyset``).
+The table is vacuumed before each mode, so no mode pays for the dead rows of the one
+before. Each mode is checked: with ``--fn update``, ``sum(balance)`` moved by exactly the
+rows it visited and, against a copy of the balances taken before it, those rows each rose
+by exactly 1 and no other row changed; with ``--fn noop``, no balance changed. Every
+mode but ``offset`` must visit every row.
 
-For ``shardkit`` the table also gives the depth of its range tree (``status.depth``), its
-pages and ranges, and the peak of memory allocated by this process while the job ran
-(``tracemalloc``, all threads), next to what ``--page-size`` x ``--workers`` rows take
-in memory (a page read through the job's source, measured the same way): the job holds
-a page per worker, not the table. ``tracemalloc`` slows Python's allocations, so the
-peak is measured in a second, traced run of the job (``--no-memory`` skips it); the
-speed reported is that of the untraced run.
+Per mode: seconds, rows/s and their ratio to ``keyset`` and ``fixed``; the CPU seconds of
+this process (all its threads) over the same span, and their ratio to ``fixed``'s; and
+the tuples PostgreSQL read from the table per row visited: ``seq_tup_read +
+idx_tup_fetch`` of ``pg_stat_user_tables``, read before and after the run; next to it the
+entries read from the table's indexes per row (``idx_tup_read`` of
+``pg_stat_user_indexes``), which counts index-only scans too (keys read alone, which
+``idx_tup_fetch`` does not count). A backend reports its counts when it goes idle, at
+most once a second (up to 10 s later if it stays idle), and at exit, so they are read
+with every connection that touched the table closed (the checks' before the run, the
+mode's after it), polled until two reads 0.5 s apart agree. ``fn``'s ``UPDATE`` fetches
+each row once by index, so with ``--fn update`` both figures include 1.0 per row of
+``fn``'s own. For ``shardkit``: the depth of its range tree (``status.depth``), its pages,
+and its ranges (ledger rows) per million rows.
 
-    python benchmarks/mapper.py                 # 5 ms of I/O wait per page
-    python benchmarks/mapper.py --io-wait 0     # the database and CPU alone
+``--memory`` adds a second, traced run of the job: the peak of memory allocated by this
+process while it ran (``tracemalloc``, all threads), next to what ``--page-size`` x
+``--workers`` rows take in memory (a page read through the job's source, measured the same
+way): the job holds a page per worker, not the table. ``tracemalloc`` slows Python's
+allocations, so that run's speed is not the one compared.
+
+    python benchmarks/mapper.py                           # 5 ms of I/O wait per page
+    python benchmarks/mapper.py --fn noop --io-wait 0     # what finding the pages costs
+    python benchmarks/mapper.py --rows 5000000 --keys sequential
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import itertools
 import math
 import os
 import statistics
@@ -55,7 +91,8 @@ import sys
 import time
 import tracemalloc
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,83 +104,185 @@ import shardkit
 from hot_counter import choose_modes, report_console
 from shardkit.executor import LocalExecutor
 from shardkit.mapper import Batch, KeyRange, TableSource
+from shardkit.mapper.keys import interpolate
 from shardkit.store.sql import SqlStore, engine_from_url
 
 DEFAULT_STORE = "postgresql://postgres@127.0.0.1:5432/test"
-TABLE = "bench_accounts"
-MODES = ("shardkit", "keyset", "offset")
-BASELINE = "keyset"
-# The issue's targets: shardkit ≥ 3x the keyset loop with 5 ms of I/O wait per page.
-TARGET_RATIO = 3.0
+MODES = ("shardkit", "fixed", "keyset", "offset")
+DEFAULT_MODES = ["shardkit", "fixed", "keyset"]
+FNS = ("update", "noop")
+# The issue's targets, for fn = update with 5 ms of I/O wait per page (the throughput
+# ratios) and for fn = noop (the tuples read per row).
 TARGET_IO_WAIT = 0.005
-UPDATE = sa.text(f"UPDATE {TABLE} SET balance = balance + 1 WHERE id = ANY(:ids)")
-KEYSET = sa.text(f"SELECT id, balance FROM {TABLE} WHERE id > :last ORDER BY id LIMIT :page")
-OFFSET = sa.text(f"SELECT id, balance FROM {TABLE} ORDER BY id LIMIT :page OFFSET :offset")
+TARGET_VS_FIXED = 0.9  # sequential keys: shardkit ÷ fixed
+TARGET_VS_KEYSET = {"skewed": 3.5, "string": 3.0}  # shardkit ÷ keyset
+TARGET_TUPLES = 1.25  # tuples read per row visited, fn = noop
+TARGET_CPU = 1.15  # CPU seconds, shardkit ÷ fixed
 MB = 1024 * 1024
 FIT_BINS = 40  # runs of consecutive pages whose median read times the offset fit uses
+SETTLE_INTERVAL = 0.5  # seconds between two reads of pg_stat that must agree
+SETTLE_DEADLINE = 10.0
+
+
+@dataclass(frozen=True)
+class Keys:
+    """A kind of key: its table, the key's type and how the table is filled."""
+
+    kind: str
+    table: str
+    sql_type: str
+    fill: str
+    """``INSERT INTO {table} SELECT <id>, 0 FROM generate_series(1, :n) AS g``, with
+    ``:dense`` and ``:step`` (the skewed keys') bound too."""
+
+    def label(self, rows: int) -> str:
+        """The table's comment: which rows it holds, and how they were laid out."""
+        return f"shardkit benchmark: {self.kind} keys, {rows} rows, in key order, fillfactor 50"
+
+    def describe(self, rows: int) -> str:
+        dense, step = skew(rows)
+        if self.kind == "sequential":
+            return f"ids 1…{rows:,}"
+        if self.kind == "skewed":
+            return (
+                f"ids 1…{dense:,}, then {rows - dense:,} ids every {step:,} up to "
+                f"{dense + (rows - dense) * step:,}"
+            )
+        return "md5(1…N) as text"
+
+    def sa_table(self) -> sa.Table:
+        key_type: sa.types.TypeEngine[Any] = (
+            sa.Text() if self.sql_type == "text" else sa.BigInteger()
+        )
+        return sa.Table(
+            self.table,
+            sa.MetaData(),
+            sa.Column("id", key_type, primary_key=True, autoincrement=False),
+            sa.Column("balance", sa.BigInteger, nullable=False),
+        )
+
+
+SERIES = "FROM generate_series(1, CAST(:n AS bigint)) AS g ORDER BY 1"
+KEYS = {
+    keys.kind: keys
+    for keys in (
+        Keys("sequential", "bench_accounts", "bigint", f"SELECT g, 0 {SERIES}"),
+        Keys(
+            "skewed",
+            "bench_skewed",
+            "bigint",
+            f"SELECT CASE WHEN g <= :dense THEN g ELSE :dense + (g - :dense) * :step END, 0 "
+            f"{SERIES}",
+        ),
+        Keys("string", "bench_names", "text", f"SELECT md5(g::text), 0 {SERIES}"),
+    )
+}
+
+
+def skew(rows: int) -> tuple[int, int]:
+    """The skewed table's dense ids (1…dense) and the step between the sparse ones, which
+    spread the other tenth of the rows over the 100 x rows ids above them."""
+    dense = rows - rows // 10
+    return dense, 100 * rows // max(1, rows - dense)
 
 
 @dataclass
 class Result:
-    """One mode's run."""
+    """One mode's run on one kind of key."""
 
+    keys: str
     mode: str
     rows: int
     """Rows visited: the whole table, or (offset) those visited before the time limit."""
     seconds: float
     """Measured, or (``extrapolated``) the estimate for the whole table."""
-    exact: bool
-    cpu: float = 0.0
-    """CPU seconds of this process (all threads) while the mode ran."""
+    cpu: float
+    """CPU seconds of this process (all threads) over the measured span."""
+    exact: bool = True
     extrapolated: bool = False
     note: str = ""
+    tuples: int | None = None
+    """Tuples PostgreSQL read from the table during the run (seq_tup_read + idx_tup_fetch)."""
+    entries: int | None = None
+    """Entries PostgreSQL read from the table's indexes during the run (idx_tup_read)."""
+    settled: bool = True
+    """Whether pg_stat's counts settled before and after the run."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def work(conn: sa.Connection, ids: list[int], io_wait: float) -> None:
-    """What every mode does with a page: the update, then the wait."""
-    updated = conn.execute(UPDATE, {"ids": ids}).rowcount
-    if updated != len(ids):
-        raise RuntimeError(f"updated {updated} rows of a page of {len(ids)}")
-    if io_wait > 0:
-        time.sleep(io_wait)
+Work = Callable[[sa.Connection, list[Any]], None]
 
 
-def total_balance(engine: sa.Engine) -> int:
+def make_work(keys: Keys, args: argparse.Namespace) -> Work:
+    """What every mode does with a page: ``fn``."""
+    if args.fn == "noop":
+        return lambda conn, ids: None
+    update = sa.text(f"UPDATE {keys.table} SET balance = balance + 1 WHERE id = ANY(:ids)")
+    io_wait: float = args.io_wait
+
+    def work(conn: sa.Connection, ids: list[Any]) -> None:
+        updated = conn.execute(update, {"ids": ids}).rowcount
+        if updated != len(ids):
+            raise RuntimeError(f"updated {updated} rows of a page of {len(ids)}")
+        if io_wait > 0:
+            time.sleep(io_wait)
+
+    return work
+
+
+def clock() -> tuple[float, float]:
+    """Wall and CPU (this process, all threads) seconds, to subtract."""
+    return time.perf_counter(), time.process_time()
+
+
+def since(start: tuple[float, float]) -> tuple[float, float]:
+    """Wall and CPU seconds since ``clock()`` gave ``start``."""
+    wall, cpu = clock()
+    return wall - start[0], cpu - start[1]
+
+
+def total_balance(engine: sa.Engine, table: str) -> int:
     with engine.connect() as conn:
-        return int(conn.execute(sa.text(f"SELECT sum(balance) FROM {TABLE}")).scalar_one())
+        return int(conn.execute(sa.text(f"SELECT sum(balance) FROM {table}")).scalar_one())
 
 
-def vacuum(engine: sa.Engine) -> None:
+def vacuum(engine: sa.Engine, table: str) -> None:
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(sa.text(f"VACUUM (ANALYZE) {TABLE}"))
+        conn.execute(sa.text(f"VACUUM (ANALYZE) {table}"))
 
 
-def prepare_table(engine: sa.Engine, rows: int, console: Console) -> None:
-    """Make ``bench_accounts`` hold ids 1…rows, reusing it if it already does."""
+def prepare_table(engine: sa.Engine, keys: Keys, rows: int, console: Console) -> None:
+    """Make ``keys.table`` hold ``rows`` rows of its kind, reusing it if it already does."""
+    label = keys.label(rows)
     with engine.connect() as conn:
-        found = conn.execute(
-            sa.text(f"SELECT to_regclass('{TABLE}') IS NOT NULL AS present")
+        comment = conn.execute(
+            sa.text("SELECT obj_description(to_regclass(:table), 'pg_class')"),
+            {"table": keys.table},
         ).scalar_one()
-        if found:
-            count, low, high = conn.execute(
-                sa.text(f"SELECT count(*), min(id), max(id) FROM {TABLE}")
-            ).one()
-            if (count, low, high) == (rows, 1, rows):
-                console.print(f"reusing [cyan]{TABLE}[/] ({rows:,} rows)")
+        if comment == label:
+            count = conn.execute(sa.text(f"SELECT count(*) FROM {keys.table}")).scalar_one()
+            if count == rows:
+                console.print(f"reusing [cyan]{keys.table}[/] ({rows:,} rows)")
                 return
     started = time.perf_counter()
+    dense, step = skew(rows)
     with engine.begin() as conn:
-        conn.execute(sa.text(f"DROP TABLE IF EXISTS {TABLE}"))
-        conn.execute(sa.text(f"CREATE TABLE {TABLE} (id bigint NOT NULL, balance bigint NOT NULL)"))
+        conn.execute(sa.text(f"DROP TABLE IF EXISTS {keys.table}"))
         conn.execute(
-            sa.text(f"INSERT INTO {TABLE} SELECT g, 0 FROM generate_series(1, :n) AS g"),
-            {"n": rows},
+            sa.text(
+                f"CREATE TABLE {keys.table} (id {keys.sql_type} NOT NULL, balance bigint NOT NULL) "
+                "WITH (fillfactor = 50)"
+            )
         )
-        conn.execute(sa.text(f"ALTER TABLE {TABLE} ADD PRIMARY KEY (id)"))
-    vacuum(engine)
+        conn.execute(
+            sa.text(f"INSERT INTO {keys.table} {keys.fill}"),
+            {"n": rows, "dense": dense, "step": step},
+        )
+        conn.execute(sa.text(f"ALTER TABLE {keys.table} ADD PRIMARY KEY (id)"))
+        conn.execute(sa.text(f"COMMENT ON TABLE {keys.table} IS '{label}'"))
+    vacuum(engine, keys.table)
     console.print(
-        f"created [cyan]{TABLE}[/] ({rows:,} rows) in {time.perf_counter() - started:.1f} s"
+        f"created [cyan]{keys.table}[/] ({rows:,} rows) in {time.perf_counter() - started:.1f} s"
     )
 
 
@@ -151,50 +290,135 @@ def load() -> str:
     return " ".join(f"{n:.1f}" for n in os.getloadavg())
 
 
-def accounts_table() -> sa.Table:
-    return sa.Table(
-        TABLE,
-        sa.MetaData(),
-        sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=False),
-        sa.Column("balance", sa.BigInteger, nullable=False),
-    )
+def warm(engine: sa.Engine, connections: int) -> None:
+    """Open ``connections`` of the engine's pool before the clock starts."""
+    with contextlib.ExitStack() as stack:
+        for _ in range(connections):
+            stack.enter_context(engine.connect()).execute(sa.select(sa.literal(1)))
 
 
-def run_keyset(engine: sa.Engine, args: argparse.Namespace) -> Result:
-    visited, last = 0, 0
-    started = time.perf_counter()
+@functools.cache
+def page_statement(table: str, lower: str, upper: bool) -> sa.TextClause:
+    """A keyset page: ``lower`` is ``""`` (from the start), ``">"`` (after ``:lo``, the
+    last key read) or ``">="`` (from ``:lo``); ``upper``: below ``:hi``."""
+    where = [f"id {lower} :lo"] if lower else []
+    if upper:
+        where.append("id < :hi")
+    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    return sa.text(f"SELECT id, balance FROM {table}{clause} ORDER BY id LIMIT :page")
+
+
+def walk(
+    engine: sa.Engine, table: str, work: Work, page_size: int, lo: Any = None, hi: Any = None
+) -> int:
+    """The keyset loop over the keys in ``[lo, hi)`` (None: unbounded), each page in a
+    transaction of its own; returns the rows visited."""
+    visited = 0
+    lower = "" if lo is None else ">="
     while True:
+        params: dict[str, Any] = {"page": page_size}
+        if lower:
+            params["lo"] = lo
+        if hi is not None:
+            params["hi"] = hi
         with engine.begin() as conn:
-            ids = [row.id for row in conn.execute(KEYSET, {"last": last, "page": args.page_size})]
-            if not ids:
-                break
-            work(conn, ids, args.io_wait)
+            statement = page_statement(table, lower, hi is not None)
+            ids = [row.id for row in conn.execute(statement, params)]
+            if ids:
+                work(conn, ids)
         visited += len(ids)
-        last = ids[-1]
-    return Result("keyset", visited, time.perf_counter() - started, exact=True)
+        if len(ids) < page_size:
+            return visited
+        lower, lo = ">", ids[-1]
 
 
-def run_offset(engine: sa.Engine, args: argparse.Namespace) -> Result:
+def run_keyset(keys: Keys, args: argparse.Namespace) -> Result:
+    work = make_work(keys, args)
+    engine = engine_from_url(args.store, pool_size=1)
+    try:
+        warm(engine, 1)
+        start = clock()
+        visited = walk(engine, keys.table, work, args.page_size)
+        seconds, cpu = since(start)
+    finally:
+        engine.dispose()
+    return Result(keys.kind, "keyset", visited, seconds, cpu)
+
+
+def cut_points(conn: sa.Connection, keys: Keys, low: Any, high: Any, parts: int) -> list[Any]:
+    """Up to ``parts - 1`` keys cutting ``[low, high]`` into equal key ranges, in the
+    database's order."""
+    if keys.sql_type != "text":
+        points = [low + (high - low + 1) * i // parts for i in range(1, parts)]
+        return sorted({p for p in points if low < p <= high})
+    # Interpolated in Python's order (digits: code points); PostgreSQL text holds no NUL.
+    aimed = {str(p).split("\0", 1)[0] for p in interpolate(low, high, parts)} - {""}
+    ordered = conn.execute(
+        sa.text("SELECT unnest(CAST(:points AS text[])) ORDER BY 1"), {"points": list(aimed)}
+    ).scalars()
+    return [p for p, _ in itertools.groupby(ordered)]
+
+
+def run_fixed(keys: Keys, args: argparse.Namespace) -> Result:
+    work = make_work(keys, args)
+    engine = engine_from_url(args.store, pool_size=args.workers)
+    try:
+        warm(engine, args.workers)
+        start = clock()
+        with engine.connect() as conn:
+            low, high = conn.execute(sa.text(f"SELECT min(id), max(id) FROM {keys.table}")).one()
+            points = cut_points(conn, keys, low, high, args.workers)
+        bounds = [None, *points, None]
+        with ThreadPoolExecutor(len(bounds) - 1) as pool:
+            counts = list(
+                pool.map(
+                    lambda i: walk(
+                        engine, keys.table, work, args.page_size, bounds[i], bounds[i + 1]
+                    ),
+                    range(len(bounds) - 1),
+                )
+            )
+        seconds, cpu = since(start)
+    finally:
+        engine.dispose()
+    visited = sum(counts)
+    note = (
+        f"{len(counts)} ranges between min {low} and max {high}; the busiest held "
+        f"{max(counts) / max(1, visited):.0%} of the rows"
+    )
+    return Result(keys.kind, "fixed", visited, seconds, cpu, note=note)
+
+
+def run_offset(keys: Keys, args: argparse.Namespace) -> Result:
+    work = make_work(keys, args)
+    statement = sa.text(
+        f"SELECT id, balance FROM {keys.table} ORDER BY id LIMIT :page OFFSET :offset"
+    )
     pages = math.ceil(args.rows / args.page_size)
     reads: list[float] = []  # per page: the SELECT … OFFSET and its rows
     rests: list[float] = []  # per page: the work and the commit
     visited = 0
-    started = time.perf_counter()
-    while time.perf_counter() - started < args.offset_seconds:
-        page_started = time.perf_counter()
-        with engine.begin() as conn:
-            result = conn.execute(OFFSET, {"page": args.page_size, "offset": visited})
-            ids = [row.id for row in result]
-            if not ids:
-                break
-            read = time.perf_counter()
-            work(conn, ids, args.io_wait)
-        visited += len(ids)
-        reads.append(read - page_started)
-        rests.append(time.perf_counter() - read)
-    measured = time.perf_counter() - started
+    engine = engine_from_url(args.store, pool_size=1)
+    try:
+        warm(engine, 1)
+        start = clock()
+        while time.perf_counter() - start[0] < args.offset_seconds:
+            page_started = time.perf_counter()
+            with engine.begin() as conn:
+                result = conn.execute(statement, {"page": args.page_size, "offset": visited})
+                ids = [row.id for row in result]
+                if not ids:
+                    break
+                read = time.perf_counter()
+                work(conn, ids)
+            visited += len(ids)
+            reads.append(read - page_started)
+            rests.append(time.perf_counter() - read)
+        measured, cpu = since(start)
+    finally:
+        engine.dispose()
     if visited >= args.rows:
-        return Result("offset", visited, measured, exact=True, note="whole table, measured")
+        return Result(keys.kind, "offset", visited, measured, cpu, note="whole table, measured")
     done = len(reads)
     if done < 2:
         raise SystemExit("offset: fewer than 2 pages before the time limit: raise --offset-seconds")
@@ -204,10 +428,12 @@ def run_offset(engine: sa.Engine, args: argparse.Namespace) -> Result:
     note = (
         f"{done:,} of {pages:,} pages in {measured:.1f} s; reading page i fitted (least squares "
         f"on the medians of {min(FIT_BINS, done)} runs of pages) as {a * 1e3:.2f} ms + "
-        f"{b * 1e6:.2f} µs x i, the rest of a page (update, wait, commit) {rest * 1e3:.2f} ms "
+        f"{b * 1e6:.2f} µs x i, the rest of a page (fn, commit) {rest * 1e3:.2f} ms "
         f"on average; pages {done:,}…{pages - 1:,} ≈ {missing:.1f} s by that fit"
     )
-    return Result("offset", visited, measured + missing, exact=True, extrapolated=True, note=note)
+    return Result(
+        keys.kind, "offset", visited, measured + missing, cpu, extrapolated=True, note=note
+    )
 
 
 def fit_reads(reads: list[float]) -> tuple[float, float]:
@@ -224,9 +450,9 @@ def fit_reads(reads: list[float]) -> tuple[float, float]:
     return fit.intercept, fit.slope
 
 
-def page_bytes(engine: sa.Engine, page_size: int) -> int:
+def page_bytes(engine: sa.Engine, keys: Keys, page_size: int) -> int:
     """Memory taken by one page of rows as the job's source returns them."""
-    source = TableSource(accounts_table(), "id")
+    source = TableSource(keys.sa_table(), "id")
     with engine.connect() as conn:
         source.page(conn, KeyRange(), None, page_size)  # compile and cache the statement
         tracemalloc.start()
@@ -241,37 +467,35 @@ def page_bytes(engine: sa.Engine, page_size: int) -> int:
     return size
 
 
-def run_shardkit(
-    args: argparse.Namespace, prefix: str, *, traced: bool
-) -> tuple[float, Any, int | None]:
-    """Run the job on a kit of its own; (seconds, status, tracemalloc peak or None)."""
-    io_wait = args.io_wait
+def run_shardkit(keys: Keys, args: argparse.Namespace, prefix: str, *, traced: bool) -> Result:
+    """Run the job on a kit of its own, closed (its connections too) before returning."""
+    work = make_work(keys, args)
 
     def fn(batch: Batch) -> None:
-        work(batch.conn, [row["id"] for row in batch.rows], io_wait)
+        work(batch.conn, [row["id"] for row in batch.rows])
+
+    def nothing(batch: Batch) -> None:
+        return None
 
     executor = LocalExecutor(workers=args.workers)
     with shardkit.connect(args.store, "memory://", prefix=prefix, executor=executor) as kit:
-        table = accounts_table()
         store = kit.store
         assert isinstance(store, SqlStore)
-        with contextlib.ExitStack() as warm:  # the workers' connections, as the loops' is
-            for _ in range(args.workers):
-                warm.enter_context(store.engine.connect()).execute(sa.select(sa.literal(1)))
+        warm(store.engine, args.workers)  # the workers' connections, as the loops' are
         peak = None
         if traced:
             tracemalloc.start()
         try:
-            started = time.perf_counter()
+            start = clock()
             job = kit.map(
-                table,
-                fn,
+                keys.sa_table(),
+                nothing if args.fn == "noop" else fn,
                 transactional=True,
                 page_size=args.page_size,
                 fanout=args.fanout,
             )
             status = job.wait(timeout=args.timeout)
-            seconds = time.perf_counter() - started
+            seconds, cpu = since(start)
             if traced:
                 peak = tracemalloc.get_traced_memory()[1]
         finally:
@@ -280,15 +504,12 @@ def run_shardkit(
         with store.engine.begin() as conn:  # the next run starts on empty ledger tables
             conn.execute(store.ranges_table.delete().where(store.ranges_table.c.job == job.id))
             conn.execute(store.jobs_table.delete().where(store.jobs_table.c.id == job.id))
-    return seconds, status, peak
-
-
-def shardkit_run(args: argparse.Namespace, prefix: str, *, traced: bool) -> Result:
-    seconds, status, peak = run_shardkit(args, prefix, traced=traced)
     return Result(
+        keys.kind,
         "shardkit (traced)" if traced else "shardkit",
         status.rows,
         seconds,
+        cpu,
         exact=status.state == "complete",
         extra={
             "depth": status.depth,
@@ -299,27 +520,71 @@ def shardkit_run(args: argparse.Namespace, prefix: str, *, traced: bool) -> Resu
     )
 
 
+class TupleReads:
+    """What PostgreSQL has read from a table: its tuples, ``seq_tup_read + idx_tup_fetch``
+    of ``pg_stat_user_tables``, and the entries of its indexes, ``idx_tup_read`` of
+    ``pg_stat_user_indexes`` (index-only scans too), through a connection that never
+    reads the table itself."""
+
+    STATEMENT = sa.text(
+        "SELECT coalesce(t.seq_tup_read, 0) + coalesce(t.idx_tup_fetch, 0), "
+        "(SELECT coalesce(sum(i.idx_tup_read), 0) FROM pg_stat_user_indexes AS i "
+        "WHERE i.relid = t.relid) "
+        "FROM pg_stat_user_tables AS t WHERE t.relid = to_regclass(:table)"
+    )
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+        self.waits: list[float] = []
+        """Seconds each settled read took."""
+
+    def read(self, table: str) -> tuple[int, int]:
+        with self.engine.connect() as conn:
+            conn.execute(sa.text("SELECT pg_stat_clear_snapshot()"))  # no cached snapshot
+            tuples, entries = conn.execute(self.STATEMENT, {"table": table}).one()
+        return int(tuples), int(entries)
+
+    def settled(self, table: str) -> tuple[tuple[int, int], bool]:
+        """The counts once two reads ``SETTLE_INTERVAL`` apart agree (the last read and
+        False after ``SETTLE_DEADLINE``). Close the connections that read the table first:
+        their backends report at exit, or when idle but up to 10 s late."""
+        started = time.perf_counter()
+        value = self.read(table)
+        while True:
+            time.sleep(SETTLE_INTERVAL)
+            again = self.read(table)
+            waited = time.perf_counter() - started
+            if again == value or waited > SETTLE_DEADLINE:
+                self.waits.append(waited)
+                return again, again == value
+            value = again
+
+
 class Balances:
     """The balances before a mode, copied to a table of their own, to check every row
     after it."""
 
-    def __init__(self, engine: sa.Engine, table: str) -> None:
+    def __init__(self, engine: sa.Engine, table: str, source: str) -> None:
         self.engine = engine
         self.table = table
+        self.source = source
 
     def take(self) -> None:
         with self.engine.begin() as conn:
             conn.execute(sa.text(f"DROP TABLE IF EXISTS {self.table}"))
             conn.execute(
-                sa.text(f"CREATE UNLOGGED TABLE {self.table} AS SELECT id, balance FROM {TABLE}")
+                sa.text(
+                    f"CREATE UNLOGGED TABLE {self.table} AS SELECT id, balance FROM {self.source}"
+                )
             )
 
     def changes(self) -> tuple[int, int]:
         """Rows whose balance rose by exactly 1, and rows that changed otherwise."""
         statement = sa.text(
             "SELECT count(*) FILTER (WHERE a.balance = s.balance + 1), "
-            "count(*) FILTER (WHERE a.balance <> s.balance AND a.balance <> s.balance + 1) "
-            f"FROM {TABLE} AS a FULL JOIN {self.table} AS s USING (id)"
+            "count(*) FILTER (WHERE a.balance IS DISTINCT FROM s.balance "
+            "AND a.balance IS DISTINCT FROM s.balance + 1) "
+            f"FROM {self.source} AS a FULL JOIN {self.table} AS s USING (id)"
         )
         with self.engine.connect() as conn:
             plus_one, other = conn.execute(statement).one()
@@ -331,38 +596,70 @@ class Balances:
 
 
 def checked(
-    engine: sa.Engine, balances: Balances, run: Callable[[], Result], whole: bool, rows: int
+    engine: sa.Engine,
+    reads: TupleReads,
+    balances: Balances,
+    run: Callable[[], Result],
+    *,
+    whole: bool,
+    args: argparse.Namespace,
 ) -> Result:
-    """Run a mode (on a freshly vacuumed table) and check it: ``sum(balance)`` moved by
-    the rows it visited, and exactly those rows, each by 1 (all of them if ``whole``)."""
-    vacuum(engine)
+    """Run a mode (on a freshly vacuumed table), count the tuples it read and check it:
+    with fn = update, ``sum(balance)`` moved by the rows it visited, and exactly those rows,
+    each by 1; with fn = noop, nothing changed; every row visited if ``whole``."""
+    vacuum(engine, balances.source)
     balances.take()
-    before = total_balance(engine)
-    cpu = time.process_time()
-    result = run()
-    result.cpu = time.process_time() - cpu
-    moved = total_balance(engine) - before
+    before_total = total_balance(engine, balances.source)
+    engine.dispose()  # its backends report the reads above as they exit: not counted
+    before, settled = reads.settled(balances.source)
+    result = run()  # closes the connections it used
+    after, settled_after = reads.settled(balances.source)
+    result.tuples = after[0] - before[0]
+    result.entries = after[1] - before[1]
+    result.settled = settled and settled_after
+    moved = total_balance(engine, balances.source) - before_total
     plus_one, other = balances.changes()
+    expected = result.rows if args.fn == "update" else 0
     result.exact = (
         result.exact
-        and moved == plus_one == result.rows
+        and moved == plus_one == expected
         and other == 0
-        and (not whole or result.rows == rows)
+        and (not whole or result.rows == args.rows)
     )
     result.extra.update(moved=moved, plus_one=plus_one, other=other)
     return result
 
 
+def choose_keys(parser: argparse.ArgumentParser, text: str | None) -> list[str]:
+    if text is None:
+        return list(KEYS)
+    wanted = {k.strip() for k in text.split(",") if k.strip()}
+    if unknown := wanted - set(KEYS):
+        parser.error(f"unknown keys {', '.join(sorted(unknown))}; choose from {tuple(KEYS)}")
+    if not wanted:
+        parser.error("no keys selected")
+    return [k for k in KEYS if k in wanted]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", default=DEFAULT_STORE, help=f"PostgreSQL URL ({DEFAULT_STORE})")
-    parser.add_argument("--rows", type=int, default=1_000_000, help="table rows (1,000,000)")
+    parser.add_argument("--rows", type=int, default=400_000, help="table rows (400,000)")
     parser.add_argument("--page-size", type=int, default=500, help="rows per page (500)")
-    parser.add_argument("--workers", type=int, default=8, help="shardkit's local workers (8)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=8,
+        help="shardkit's local workers, the fixed split's ranges and threads (8)",
+    )
     parser.add_argument("--fanout", type=int, default=8, help="shardkit's fanout (8)")
     parser.add_argument(
         "--io-wait", type=float, default=0.005, help="seconds of sleep per page (0.005)"
     )
+    parser.add_argument(
+        "--fn", choices=FNS, default="update", help="update and wait (default), or nothing"
+    )
+    parser.add_argument("--keys", help=f"comma-separated, of {','.join(KEYS)} (default all)")
     parser.add_argument(
         "--offset-seconds",
         type=float,
@@ -373,9 +670,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--timeout", type=float, default=600.0, help="seconds to wait for a shardkit job (600)"
     )
     parser.add_argument(
-        "--no-memory", action="store_true", help="skip shardkit's traced run (no peak memory)"
+        "--memory", action="store_true", help="add shardkit's traced run (peak memory)"
     )
-    parser.add_argument("--modes", help=f"comma-separated, of {','.join(MODES)} (default all)")
+    parser.add_argument(
+        "--modes",
+        help=f"comma-separated, of {','.join(MODES)} (default {','.join(DEFAULT_MODES)})",
+    )
     args = parser.parse_args(argv)
     if args.rows < 1 or args.page_size < 1 or args.workers < 1 or args.fanout < 2:
         parser.error("--rows, --page-size and --workers must be >= 1, --fanout >= 2")
@@ -383,24 +683,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--io-wait must be >= 0, --offset-seconds and --timeout > 0")
     if not args.store.split(":", 1)[0].lower().startswith("postgresql"):
         parser.error("the benchmark needs PostgreSQL (--store postgresql://…)")
-    args.modes = choose_modes(parser, args.modes, MODES, list(MODES))
+    args.modes = choose_modes(parser, args.modes, MODES, DEFAULT_MODES)
+    args.keys = choose_keys(parser, args.keys)
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    console = report_console(width=140)
+    console = report_console(width=180)
     prefix = f"skbench{uuid.uuid4().hex[:8]}_"
     results: list[Result] = []
+    one_page: dict[str, int] = {}
     with contextlib.ExitStack() as stack:
         engine = engine_from_url(args.store)
         stack.callback(engine.dispose)
-        prepare_table(engine, args.rows, console)
+        stats_engine = engine_from_url(args.store, pool_size=1)
+        stack.callback(stats_engine.dispose)
+        reads = TupleReads(stats_engine)
+        for kind in args.keys:
+            prepare_table(engine, KEYS[kind], args.rows, console)
         console.print(
             f"store [cyan]{engine.url.render_as_string()}[/], {args.rows:,} rows, page "
-            f"{args.page_size}, I/O wait {args.io_wait * 1e3:g} ms per page; shardkit: "
-            f"{args.workers} local workers, fanout {args.fanout}; modes {', '.join(args.modes)}; "
-            f"load average {load()}"
+            f"{args.page_size}, fn {args.fn}"
+            + (f", I/O wait {args.io_wait * 1e3:g} ms per page" if args.fn == "update" else "")
+            + f"; shardkit: {args.workers} local workers, fanout {args.fanout}; fixed: "
+            f"{args.workers} ranges; keys {', '.join(args.keys)}; modes "
+            f"{', '.join(args.modes)}; load average {load()}"
         )
         if "shardkit" in args.modes:
             # Create shardkit's tables now, to drop them at the end whatever happens.
@@ -408,125 +716,249 @@ def main(argv: list[str] | None = None) -> int:
                 store = kit.store
                 assert isinstance(store, SqlStore)
                 stack.callback(store.metadata.drop_all, engine)
-        balances = Balances(engine, f"{prefix}balances")
-        stack.callback(balances.drop)
-        runs: list[tuple[str, Callable[[], Result], bool]] = []
-        for mode in args.modes:
-            if mode == "shardkit":
-                runs.append((mode, lambda: shardkit_run(args, prefix, traced=False), True))
-                if not args.no_memory:
-                    runs.append(
-                        ("shardkit (traced)", lambda: shardkit_run(args, prefix, traced=True), True)
-                    )
-            elif mode == "keyset":
-                runs.append((mode, lambda: run_keyset(engine, args), True))
-            else:
-                runs.append((mode, lambda: run_offset(engine, args), False))
-        for name, run, whole in runs:
-            console.print(f"running [bold]{name}[/]…")
-            result = checked(engine, balances, run, whole, args.rows)
-            results.append(result)
-            console.print(
-                f"  {result.mode}: {result.rows:,} rows visited in {result.seconds:.1f} s"
-                f"{' (extrapolated to the whole table)' if result.extrapolated else ''}; "
-                f"sum(balance) moved by {result.extra['moved']:,}; rows +1: "
-                f"{result.extra['plus_one']:,}, rows changed otherwise: {result.extra['other']:,}"
-                f": {'[green]exact[/]' if result.exact else '[red]WRONG[/]'}"
-            )
-        one_page = page_bytes(engine, args.page_size)
+        scratch = f"{prefix}balances"
+        stack.callback(Balances(engine, scratch, "").drop)
+        for kind in args.keys:
+            keys = KEYS[kind]
+            balances = Balances(engine, scratch, keys.table)
+            console.print(f"[bold]{kind}[/] keys: {keys.table}, {keys.describe(args.rows)}")
+            for name, run, whole in runs(keys, args, prefix):
+                console.print(f"  running [bold]{name}[/]…")
+                result = checked(engine, reads, balances, run, whole=whole, args=args)
+                results.append(result)
+                console.print(
+                    f"    {result.rows:,} rows visited in {result.seconds:.1f} s"
+                    f"{' (extrapolated to the whole table)' if result.extrapolated else ''}; "
+                    f"sum(balance) moved by {result.extra['moved']:,}; rows +1: "
+                    f"{result.extra['plus_one']:,}, rows changed otherwise: "
+                    f"{result.extra['other']:,}; tuples read {result.tuples:,}, index entries "
+                    f"{result.entries:,}"
+                    f"{'' if result.settled else ' (pg_stat did not settle)'}"
+                    f": {'[green]exact[/]' if result.exact else '[red]WRONG[/]'}"
+                )
+            if args.memory and "shardkit" in args.modes:
+                one_page[kind] = page_bytes(engine, keys, args.page_size)
     console.print(f"load average {load()} ({os.cpu_count()} CPUs)")
     console.print(results_table(results, args))
-    for line in notes(results, args, one_page):
+    for line in notes(results, args, one_page, reads):
+        console.print(line)
+    for line in targets(results, args):
         console.print(line)
     if all(r.exact for r in results):
         return 0
-    console.print("[red]a check failed: the balances did not move by 1 on the rows visited[/]")
+    console.print("[red]a check failed: the rows visited or the balances were not as expected[/]")
     return 1
 
 
+def runs(
+    keys: Keys, args: argparse.Namespace, prefix: str
+) -> list[tuple[str, Callable[[], Result], bool]]:
+    """The runs of one kind of key: (name, run, whether it visits every row)."""
+    chosen: list[tuple[str, Callable[[], Result], bool]] = []
+    for mode in args.modes:
+        if mode == "shardkit":
+            chosen.append((mode, lambda: run_shardkit(keys, args, prefix, traced=False), True))
+            if args.memory:
+                chosen.append(
+                    (
+                        "shardkit (traced)",
+                        lambda: run_shardkit(keys, args, prefix, traced=True),
+                        True,
+                    )
+                )
+        elif mode == "fixed":
+            chosen.append((mode, lambda: run_fixed(keys, args), True))
+        elif mode == "keyset":
+            chosen.append((mode, lambda: run_keyset(keys, args), True))
+        else:
+            chosen.append((mode, lambda: run_offset(keys, args), False))
+    return chosen
+
+
+def rate(r: Result, args: argparse.Namespace) -> float:
+    return (args.rows if r.extrapolated else r.rows) / r.seconds
+
+
+def find(results: Sequence[Result], keys: str, mode: str) -> Result | None:
+    return next((r for r in results if r.keys == keys and r.mode == mode), None)
+
+
 def results_table(results: list[Result], args: argparse.Namespace) -> Table:
-    table = Table(
-        title=(
-            f"Visiting {args.rows:,} rows, {args.page_size} per page, "
-            f"{args.io_wait * 1e3:g} ms I/O wait per page"
-        )
+    work = (
+        f"UPDATE and {args.io_wait * 1e3:g} ms I/O wait per page"
+        if args.fn == "update"
+        else "fn doing nothing"
     )
-    columns = ("mode", "rows", "seconds", "rows/s", f"vs {BASELINE}", "CPU s", "checked")
-    extra = ("depth", "pages", "ranges", "peak MB")
-    for column in (*columns, *extra):
-        table.add_column(column, justify="left" if column == "mode" else "right")
-    base = next((r for r in results if r.mode == BASELINE), None)
-    for r in results:
+    table = Table(title=f"Visiting {args.rows:,} rows, {args.page_size} per page, {work}")
+    columns = [
+        "keys",
+        "mode",
+        "rows",
+        "seconds",
+        "rows/s",
+        "vs keyset",
+        "vs fixed",
+        "CPU s",
+        "CPU vs fixed",
+        "tuples/row",
+        "index entries/row",
+        "checked",
+        "depth",
+        "pages",
+        "ranges/M rows",
+    ]
+    if args.memory:
+        columns.append("peak MB")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("keys", "mode") else "right")
+    for i, r in enumerate(results):
+        if i and r.keys != results[i - 1].keys:
+            table.add_section()
+        base, fixed = find(results, r.keys, "keyset"), find(results, r.keys, "fixed")
         whole = args.rows if r.extrapolated else r.rows
-        rate = whole / r.seconds
-        vs = f"{rate / (base.rows / base.seconds):.2f}x" if base else "-"
         seconds = f"≈ {r.seconds:,.1f}" if r.extrapolated else f"{r.seconds:,.1f}"
         if not r.exact:
             checked_text = "[red]✗[/]"
+        elif args.fn == "noop":
+            checked_text = "[green]✓[/] unchanged"
         elif r.extrapolated:
             checked_text = f"[green]✓[/] +1 on {r.rows:,} visited"
         else:
             checked_text = "[green]✓[/] +1 each"
+        unsettled = "" if r.settled else "?"
+        tuples = "-" if r.tuples is None or not r.rows else f"{r.tuples / r.rows:.2f}{unsettled}"
+        entries = "-" if r.entries is None or not r.rows else f"{r.entries / r.rows:.2f}{unsettled}"
         cells = [
+            r.keys,
             r.mode + (" (extrapolated)" if r.extrapolated else ""),
             f"{whole:,}",
             seconds,
-            f"{rate:,.0f}",
-            vs,
-            f"{r.cpu:.1f}",
+            f"{rate(r, args):,.0f}",
+            f"{rate(r, args) / rate(base, args):.2f}x" if base else "-",
+            f"{rate(r, args) / rate(fixed, args):.2f}x" if fixed else "-",
+            f"{r.cpu:.2f}",
+            f"{r.cpu / fixed.cpu:.2f}x" if fixed and fixed.cpu and not r.extrapolated else "-",
+            tuples,
+            entries,
             checked_text,
         ]
         if r.mode.startswith("shardkit"):
-            peak = r.extra["peak"]
             cells += [
                 str(r.extra["depth"]),
                 f"{r.extra['pages']:,}",
-                f"{r.extra['ranges']:,}",
-                "-" if peak is None else f"{peak / MB:.1f}",
+                f"{r.extra['ranges'] / max(1, r.rows) * 1e6:,.0f}",
             ]
+            if args.memory:
+                peak = r.extra["peak"]
+                cells.append("-" if peak is None else f"{peak / MB:.1f}")
         else:
-            cells += ["-"] * len(extra)
+            cells += ["-"] * (len(columns) - len(cells))
         table.add_row(*cells)
     return table
 
 
-def notes(results: list[Result], args: argparse.Namespace, one_page: int) -> list[str]:
-    lines = [f"[dim]offset: {r.note}[/]" for r in results if r.mode == "offset" and r.note]
+def notes(
+    results: list[Result], args: argparse.Namespace, one_page: dict[str, int], reads: TupleReads
+) -> list[str]:
+    lines = [f"[dim]{r.mode} ({r.keys}): {r.note}[/]" for r in results if r.note]
     lines.append(
-        "[dim]CPU s: CPU time of this Python process (all its threads) during the mode; "
-        "the database's own CPU is not included[/]"
+        "[dim]CPU s: CPU time of this Python process (all its threads) while the mode ran, "
+        "the database's own not included; tuples/row: seq_tup_read + idx_tup_fetch of the "
+        "table (pg_stat_user_tables) during the run ÷ rows visited; index entries/row: "
+        "idx_tup_read of its indexes (pg_stat_user_indexes), index-only scans included"
+        + (
+            "; fn's UPDATE fetches each row once by index, so both include 1.0 per row of "
+            "fn's own (the target of ≤ 1.25 tuples per row is for --fn noop)"
+            if args.fn == "update"
+            else ""
+        )
+        + "[/]"
     )
-    reference = one_page * args.workers
-    whole_table = one_page / args.page_size * args.rows
-    for r in results:
-        if r.mode.startswith("shardkit") and r.extra["peak"] is not None:
-            lines.append(
-                f"shardkit memory: peak {r.extra['peak'] / MB:.1f} MB allocated during the job "
-                f"(tracemalloc); {args.page_size} rows x {args.workers} workers = "
-                f"{reference / MB:.1f} MB ({one_page / 1024:.0f} KB a page); the whole table "
-                f"as rows would be ≈ {whole_table / MB:,.0f} MB"
-            )
-        if r.mode == "shardkit (traced)":
-            lines.append(
-                "[dim]shardkit (traced) is the same job run again under tracemalloc, for its "
-                "peak; its speed is not the one compared[/]"
-            )
-    ran = {r.mode: r for r in results}
-    if "shardkit" in ran and BASELINE in ran:
-        fast, base = ran["shardkit"], ran[BASELINE]
-        ratio = (fast.rows / fast.seconds) / (base.rows / base.seconds)
-        mark = "[green]✓[/]" if ratio >= TARGET_RATIO else "[red]✗[/]"
-        where = (
-            ""
-            if math.isclose(args.io_wait, TARGET_IO_WAIT)
-            else f" (the target is for {TARGET_IO_WAIT * 1e3:g} ms; this run waits "
-            f"{args.io_wait * 1e3:g} ms)"
-        )
+    if reads.waits:
+        unsettled = sum(1 for r in results if not r.settled)
+        low, high = f"{min(reads.waits):.1f}", f"{max(reads.waits):.1f}"
         lines.append(
-            f"target: shardkit ÷ keyset ≥ {TARGET_RATIO:g}x with {TARGET_IO_WAIT * 1e3:g} ms "
-            f"I/O wait per page{where}: {ratio:.2f}x {mark}; depth "
-            f"{fast.extra['depth']} reported"
+            f"[dim]pg_stat settled {low if low == high else f'{low} to {high}'} s after "
+            "the connections that read the table were closed"
+            + (
+                f"; [red]{unsettled} runs did not settle within {SETTLE_DEADLINE:g} s (marked ?)[/]"
+                if unsettled
+                else ""
+            )
+            + "[/]"
         )
+    for r in results:
+        if r.mode.startswith("shardkit") and r.extra["peak"] is not None and r.keys in one_page:
+            page = one_page[r.keys]
+            lines.append(
+                f"shardkit memory ({r.keys}): peak {r.extra['peak'] / MB:.1f} MB allocated "
+                f"during the job (tracemalloc); {args.page_size} rows x {args.workers} workers "
+                f"= {page * args.workers / MB:.1f} MB ({page / 1024:.0f} KB a page); the whole "
+                f"table as rows would be ≈ {page / args.page_size * args.rows / MB:,.0f} MB"
+            )
+    if args.memory:
+        lines.append(
+            "[dim]shardkit (traced) is the same job run again under tracemalloc, for its "
+            "peak; its speed is not the one compared[/]"
+        )
+    return lines
+
+
+def mark(ok: bool) -> str:
+    return "[green]✓[/]" if ok else "[red]✗[/]"
+
+
+def targets(results: list[Result], args: argparse.Namespace) -> list[str]:
+    """The issue's targets, each checked where its modes ran."""
+    lines: list[str] = []
+    speed_note = (
+        ""
+        if args.fn == "update" and math.isclose(args.io_wait, TARGET_IO_WAIT)
+        else f" (the target is for --fn update with {TARGET_IO_WAIT * 1e3:g} ms of I/O wait; "
+        f"this run: {args.fn}"
+        + (f", {args.io_wait * 1e3:g} ms" if args.fn == "update" else "")
+        + ")"
+    )
+    for kind in args.keys:
+        fast = find(results, kind, "shardkit")
+        fixed, base = find(results, kind, "fixed"), find(results, kind, "keyset")
+        if fast is None:
+            continue
+        if kind == "sequential" and fixed:
+            ratio = rate(fast, args) / rate(fixed, args)
+            lines.append(
+                f"target, {kind} keys: shardkit ÷ fixed ≥ {TARGET_VS_FIXED:g}x{speed_note}: "
+                f"{ratio:.2f}x {mark(ratio >= TARGET_VS_FIXED)}"
+            )
+        if kind in TARGET_VS_KEYSET and base:
+            goal = TARGET_VS_KEYSET[kind]
+            ratio = rate(fast, args) / rate(base, args)
+            beside = (
+                f"; fixed ÷ keyset {rate(fixed, args) / rate(base, args):.2f}x" if fixed else ""
+            )
+            lines.append(
+                f"target, {kind} keys: shardkit ÷ keyset ≥ {goal:g}x{speed_note}: "
+                f"{ratio:.2f}x {mark(ratio >= goal)}{beside}"
+            )
+        if fast.tuples is not None and fast.rows:
+            per_row = fast.tuples / fast.rows
+            if args.fn == "noop":
+                lines.append(
+                    f"target, {kind} keys: tuples read per row ≤ {TARGET_TUPLES:g}: "
+                    f"{per_row:.2f} {mark(per_row <= TARGET_TUPLES)}"
+                    + ("" if fast.settled else " (pg_stat did not settle)")
+                )
+            else:
+                lines.append(
+                    f"[dim]{kind} keys: tuples read per row {per_row:.2f}, {per_row - 1:.2f} "
+                    f"besides fn's UPDATE (the target of ≤ {TARGET_TUPLES:g} is for --fn noop)[/]"
+                )
+        if fixed and fixed.cpu:
+            ratio = fast.cpu / fixed.cpu
+            lines.append(
+                f"target, {kind} keys: CPU shardkit ÷ fixed ≤ {TARGET_CPU:g}x: "
+                f"{ratio:.2f}x {mark(ratio <= TARGET_CPU)}"
+            )
     return lines
 
 

@@ -474,13 +474,16 @@ class Kit(KitCore[Counter]):
         ``source`` is a SQLAlchemy ``Table`` or ``Select`` (read through the store's
         database) or a ``shardkit.mapper.Source``; ``key`` names its unique key column(s)
         (default: a table's primary key). What is left of a range after a full page of
-        ``page_size`` rows splits into up to ``fanout`` ranges at a sample's quantiles
-        (a range that its parent's sample planned at ``fanout`` more pages or fewer goes on
-        in place). With ``transactional``, ``batch.conn`` is the transaction that commits
-        the page's checkpoint: fn's writes through it happen exactly once. Otherwise each
-        page is visited at least once. A page is retried up to ``retries`` times, then
-        the job fails. ``on_complete(completion)`` runs once, in the transaction that
-        marks the job complete. ``fn`` and ``on_complete`` may be import paths
+        ``page_size`` rows splits into up to ``fanout`` ranges, cut where the database's
+        statistics (its histogram of the key) or key arithmetic aim and placed at real
+        keys by index probes — no range is read to plan it; a range planned at a leaf's
+        size (``rows / fanout**2``, at least ``fanout`` pages) or less goes on in place,
+        so set ``fanout`` to about the workers that run the job. With ``transactional``,
+        ``batch.conn`` is the transaction that commits the page's checkpoint: fn's writes
+        through it happen exactly once. Otherwise each page is visited at least once. A
+        page is retried up to ``retries`` times, then the job fails.
+        ``on_complete(completion)`` runs once, in the transaction that marks the job
+        complete. ``fn`` and ``on_complete`` may be import paths
         (``"package.module:name"``). Starting a ``job`` id that exists resumes that job.
         Bad options raise before anything is written.
         """

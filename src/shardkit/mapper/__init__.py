@@ -4,7 +4,7 @@ from shardkit.mapper.job import Batch, Completion, Job
 from shardkit.mapper.keys import Key, KeyRange
 from shardkit.mapper.ledger import JobStatus
 from shardkit.mapper.runner import Mapper
-from shardkit.mapper.source import Sample, Source, TableSource
+from shardkit.mapper.source import Source, Statistics, StatisticsSource, TableSource
 from shardkit.mapper.spec import MapSpec, Signer
 
 __all__ = [
@@ -16,8 +16,9 @@ __all__ = [
     "KeyRange",
     "MapSpec",
     "Mapper",
-    "Sample",
     "Signer",
     "Source",
+    "Statistics",
+    "StatisticsSource",
     "TableSource",
 ]

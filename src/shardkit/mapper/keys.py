@@ -132,6 +132,55 @@ def midpoint(lo: Key, hi: Key) -> Key | None:
     return points[0] if points else None
 
 
+def ahead(first: Key, last: Key, end: Key) -> float | None:
+    """How many times the stretch of key space from ``first`` to ``last`` fits between
+    ``last`` and ``end``, in Python's order (``first < last <= end``, of one type): how
+    many pages like one that ran from ``first`` to ``last`` are left up to ``end``, if
+    the keys past it are as dense as in it. None when the keys have no arithmetic, or
+    the stretch is empty. At most ``_MAX_AHEAD``."""
+    positions = _positions([first, last, end])
+    if positions is None:
+        return None
+    start, at, stop = positions
+    if at <= start:
+        return None
+    if stop - at >= (at - start) * _MAX_AHEAD:
+        return _MAX_AHEAD
+    return max(stop - at, 0) / (at - start)
+
+
+_MAX_AHEAD = float(2**40)  # rows planned from it stay well inside 64 bits
+
+
+def _positions(keys: Sequence[Key]) -> list[int] | None:
+    """``keys`` as integers of one scale, in Python's order (for strings and bytes, as
+    digit strings padded to one length); composite keys by their first part that differs
+    among them. None if they are not all of one type that has arithmetic."""
+    tuples = [key for key in keys if isinstance(key, tuple)]
+    if tuples:
+        if len(tuples) < len(keys):
+            return None
+        differing = next((part for part in zip(*tuples, strict=False) if len(set(part)) > 1), None)
+        return None if differing is None else _positions(differing)
+    kinds = {type(key) for key in keys}
+    if len(kinds) != 1:
+        return None
+    if all(isinstance(key, int) and not isinstance(key, bool) for key in keys):
+        return [key for key in keys if isinstance(key, int)]
+    if all(isinstance(key, UUID) for key in keys):
+        return [key.int for key in keys if isinstance(key, UUID)]
+    if all(isinstance(key, bytes) for key in keys):
+        found = [list(key) for key in keys if isinstance(key, bytes)]
+        base = 256
+    elif all(isinstance(key, str) for key in keys):
+        found = [[_digit(c) for c in key] for key in keys if isinstance(key, str)]
+        base = _CODE_POINTS
+    else:
+        return None
+    width = max(len(digits) for digits in found)
+    return [_number(digits, width, base) for digits in found]
+
+
 def _spread(lo: int, hi: int, parts: int) -> list[int]:
     points: list[int] = []
     for i in range(1, parts):
@@ -202,6 +251,7 @@ __all__ = [
     "Key",
     "KeyRange",
     "UnsupportedKey",
+    "ahead",
     "decode_key",
     "dump_key",
     "encode_key",

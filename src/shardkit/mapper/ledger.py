@@ -31,8 +31,8 @@ FINISHED = (COMPLETE, CANCELLED, FAILED)
 
 @dataclass(frozen=True)
 class RangeRow:
-    """A range as the ledger holds it: ``visited`` rows so far, and the rows its parent's
-    sample ``planned`` in it (None if its parent did not sample)."""
+    """A range as the ledger holds it: ``visited`` rows so far, and the rows ``planned``
+    in it (by its parent's estimate, or this run's; None: not planned)."""
 
     id: str
     range: KeyRange
@@ -105,11 +105,11 @@ class RangeLedger:
         # The statements of every page, built once: bound by the names p_job, p_range, …
         r, j = self.ranges, self.jobs
         self._this = sa.and_(r.c.job == sa.bindparam("p_job"), r.c.id == sa.bindparam("p_range"))
-        running = sa.exists().where(j.c.id == sa.bindparam("p_job"), j.c.state == RUNNING)
+        self._running = sa.exists().where(j.c.id == sa.bindparam("p_job"), j.c.state == RUNNING)
         read = (r.c.lo, r.c.hi, r.c.after, r.c.depth, r.c.rows, r.c.planned)
         self._lock = (
             sa.update(r)
-            .where(self._this, r.c.state == PENDING, running)
+            .where(self._this, r.c.state == PENDING, self._running)
             .values(pages=r.c.pages + 1)
         )
         # MySQL has no UPDATE … RETURNING: it reads the locked row back.
@@ -145,10 +145,10 @@ class RangeLedger:
         return sa.and_(self.ranges.c.job == job, self.ranges.c.id == range_id)
 
     def _checkpoint_statement(self, fresh: bool, count_page: bool, end: str) -> sa.Update:
-        """The checkpoint's compare-and-set: of a range with no checkpoint yet (``fresh``)
-        or at ``p_was``; counting a page; keeping the range pending (``STAY``) or marking
-        it done — the ``LAST`` of it also returns another pending range, locked (where
-        the database has ``UPDATE … RETURNING``)."""
+        """The checkpoint's compare-and-set: of a pending range of a running job, with no
+        checkpoint yet (``fresh``) or at ``p_was``; counting a page; keeping the range
+        pending (``STAY``) or marking it done — the ``LAST`` of it also returns another
+        pending range, locked (where the database has ``UPDATE … RETURNING``)."""
         r = self.ranges
         values: dict[str, Any] = {
             "after": sa.bindparam("p_after"),
@@ -159,7 +159,9 @@ class RangeLedger:
         if end != STAY:
             values.update(state=DONE, done_at=sa.bindparam("p_now"))
         was = r.c.after.is_(None) if fresh else r.c.after == sa.bindparam("p_was")
-        statement = sa.update(r).where(self._this, r.c.state == PENDING, was).values(values)
+        statement = (
+            sa.update(r).where(self._this, r.c.state == PENDING, was, self._running).values(values)
+        )
         if end == LAST and not self.store.dialect.is_mysql:
             statement = statement.returning(self._another.scalar_subquery())
         return statement
@@ -312,14 +314,13 @@ class RangeLedger:
         count_page: bool,
     ) -> tuple[list[str], bool] | None:
         """In ``conn``'s transaction: record a page of ``rows`` rows ending at ``after``,
-        if the range is still pending at the checkpoint ``row`` was read at. With
-        ``children``, record them and mark the
-        range done; with None, keep it pending; with ``[]``, mark it done (nothing left)
-        and lock another pending range of the job that no other transaction holds, if
-        there is one: its next run waits for this transaction to commit, so it finishes
-        after it (SQLite, with one writer at a time, needs no lock). Returns the
-        children's ids and whether another range is held; None if another run got there
-        first."""
+        if the range is still pending at the checkpoint ``row`` holds and its job still
+        running. With ``children``, record them and mark the range done; with None, keep
+        it pending; with ``[]``, mark it done (nothing left) and lock another pending
+        range of the job that no other transaction holds, if there is one: its next run
+        waits for this transaction to commit, so it finishes after it (SQLite, with one
+        writer at a time, needs no lock). Returns the children's ids and whether another
+        range is held; None if another run got there first, or the job stopped."""
         was = dump_key(row.after)
         end = STAY if children is None else SPLIT if children else LAST
         statement = self._checkpoints[was is None, count_page, end]

@@ -2,16 +2,19 @@
 
 A range task (``run_range``, submitted to the kit's executor as ``map_range`` with JSON
 arguments ``{"job", "range"}``) takes one page of its range, hands it to the job's
-function and checkpoints. If the page was full it samples what is left of the range and
-splits it at the sample's quantiles into up to ``fanout`` children (fewer when little
-is left; none, and it goes on in place, when one page would do); the root, which runs
-alone, splits between its real bounds. The work spreads as a tree whose depth grows as
-log(rows / page_size) / log(fanout).
+function and checkpoints, page after page. After a full page it decides whether to split
+what is left of its range into up to ``fanout`` children, from what the database already
+knows and a few index probes — never by reading the range (see ``Mapper._plan``). A
+range planned at a leaf's size or less goes on in place. The tree grows until its leaves
+hold about ``rows / fanout**2`` rows (at least ``fanout`` pages), and again wherever a
+range holds more rows than planned.
 
 Transactional jobs run the page, the function and the checkpoint in one transaction on
 the store's database: exactly once. Others call the function outside any transaction
 and checkpoint with a compare-and-set: at least once per page (a page whose checkpoint
-is lost to a crash or a concurrent run is visited again).
+is lost to a crash or a concurrent run is visited again). Either way a run keeps its
+range's checkpoint in memory from page to page: the checkpoint's compare-and-set is the
+only ledger statement of a page.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from sqlalchemy.engine import Connection
@@ -28,7 +32,7 @@ from shardkit._failures import FailureLog
 from shardkit.errors import ConfigurationError, JobNotFound, ShardkitError
 from shardkit.executor import Executor, LocalExecutor
 from shardkit.mapper.job import Batch, Completion, Job
-from shardkit.mapper.keys import Key, KeyRange, interpolate
+from shardkit.mapper.keys import Key, KeyRange, ahead, interpolate
 from shardkit.mapper.ledger import (
     CANCELLED,
     COMPLETE,
@@ -42,15 +46,13 @@ from shardkit.mapper.ledger import (
     RangeLedger,
     RangeRow,
 )
-from shardkit.mapper.source import Sample, Source
+from shardkit.mapper.source import Source, Statistics, StatisticsSource
 from shardkit.mapper.spec import MapSpec, Signer
 from shardkit.store.sql import SqlStore
 
 log = logging.getLogger("shardkit")
 
 TASK = "map_range"
-_SAMPLE_PER_CHILD = 16  # split points drawn per child (a sample's quantiles)
-_MAX_SAMPLE = 20_000
 _RETRY_DELAY = 0.05  # seconds before the first retry of a failed range; doubles
 _MAX_RETRY_DELAY = 30.0
 _UNRECORDED = "mapping ranges"  # a kind of failure: those the store could not record
@@ -62,22 +64,32 @@ _Children = list[Child]
 
 
 class _Next(NamedTuple):
-    """What follows a page: go on in place (``pending``), stop (``done``, having split
-    into ``children``, or the state of a range or job that stops the task); and whether
-    to try to complete the job."""
+    """What follows a page: go on in place (``pending``, from the range as ``row`` now
+    holds it), stop (``done``, having split into ``children``, or the state of a range or
+    job that stops the task); and whether to try to complete the job."""
 
     state: str
     children: Sequence[str] = ()
     complete: bool = False
+    row: RangeRow | None = None
 
 
 class _Page(NamedTuple):
-    """A page read from a range, and what follows it (see ``Mapper._plan``)."""
+    """A page read from a range, and what follows it (see ``Mapper._plan``): its
+    ``children``, and the rows now ``planned`` in the range. ``taken``: the range was
+    locked, and the page counted, by this transaction."""
 
     row: RangeRow
     rows: list[Any]
     after: Key | None
     children: _Children | None
+    planned: int | None
+    taken: bool
+
+
+class _Moved(Exception):
+    """A transactional page's checkpoint found its range moved on by another run (or its
+    job stopped): the page's transaction, fn's writes with it, rolls back."""
 
 
 class _Held(NamedTuple):
@@ -110,6 +122,7 @@ class Mapper:
         self._stopped: dict[str, MapSpec] = {}  # failed, only here; oldest first
         self._lock = threading.Lock()
         self._news = threading.Condition()  # notified when this mapper finishes a job
+        self._stats: dict[str, Statistics] = {}  # the running jobs' sources'
         self._unrecorded: dict[tuple[str, str], int] = {}  # failures the store missed
         self._failures = FailureLog(log)
         self._finished = 0  # how many times it has
@@ -251,6 +264,7 @@ class Mapper:
                 if finished_only and state not in FINISHED:
                     continue
                 held = self._specs.pop(job, None)
+                self._stats.pop(job, None)
                 self._stopped.pop(job, None)
                 if state == FAILED and held is not None and held.only_here:
                     self._stopped[job] = held.spec
@@ -277,11 +291,14 @@ class Mapper:
                 return
             if range_id == KeyRange().id(job):
                 self._estimate(job, spec)
+            row: RangeRow | None = None  # the range as this run left it: read it first
             while True:
-                step = self._step(job, range_id, spec)
+                step = self._step(job, range_id, spec, row)
                 if step is None:
-                    continue  # another run moved the checkpoint first: read it again
+                    row = None  # another run moved the checkpoint first: read it again
+                    continue
                 if step.state == PENDING:
+                    row = step.row
                     continue
                 if step.state == DONE:
                     self._submit(job, step.children)
@@ -301,25 +318,51 @@ class Mapper:
                 self._unrecorded.pop((job, range_id), None)
         self._failures.worked(_UNRECORDED)
 
-    def _estimate(self, job: str, spec: MapSpec) -> None:
-        """Record the source's row count as the job's estimated total, once."""
-        if self.status(job).estimate is None:
-            with self.store.engine.connect() as conn:
-                count = spec.source.count(conn)
-            self.ledger.set_estimate(job, count)
+    def _statistics(self, conn: Connection, job: str, spec: MapSpec) -> Statistics:
+        """The source's statistics, read once per job and process (None-filled for a
+        source without them). The root's first read records their row count as the
+        job's progress estimate."""
+        with self._lock:
+            found = self._stats.get(job)
+        if found is None:
+            source = spec.source
+            found = (
+                source.statistics(conn)
+                if isinstance(source, StatisticsSource)
+                else Statistics(None)
+            )
+            with self._lock:
+                if job in self._specs:  # held while the job runs: released with it
+                    self._stats[job] = found
+        return found
 
-    def _step(self, job: str, range_id: str, spec: MapSpec) -> _Next | None:
-        """Visit one page. Returns what comes next (None: read the range again)."""
+    def _estimate(self, job: str, spec: MapSpec) -> None:
+        """Record the source's estimated rows as the job's progress estimate, once (the
+        root's run, before its first page): the statistics, not a count."""
+        with self.store.engine.connect() as conn:
+            rows = self._statistics(conn, job, spec).rows
+        if rows is not None:
+            self.ledger.set_estimate(job, rows)
+
+    def _step(self, job: str, range_id: str, spec: MapSpec, row: RangeRow | None) -> _Next | None:
+        """Visit one page, from ``row`` (None: read the range first). Returns what comes
+        next (None: read the range again)."""
         if spec.transactional:
 
-            def visit(tx: Connection) -> _Next | None:
-                page = self._read(tx, tx, job, range_id, spec)
-                return page if isinstance(page, _Next) else self._visit(tx, job, spec, page)
+            def visit(tx: Connection) -> _Next:
+                page = self._read(tx, tx, job, range_id, spec, row)
+                step = page if isinstance(page, _Next) else self._visit(tx, job, spec, page)
+                if step is None:
+                    raise _Moved  # roll fn's writes back with the page
+                return step
 
-            return self.store.transaction(f"mapping a range of job {job!r}", visit)
+            try:
+                return self.store.transaction(f"mapping a range of job {job!r}", visit)
+            except _Moved:
+                return None
         # The read's connection returns to the pool before fn runs, however long.
         with self.store.engine.connect() as conn:
-            page = self._read(conn, None, job, range_id, spec)
+            page = self._read(conn, None, job, range_id, spec, row)
         return page if isinstance(page, _Next) else self._visit(None, job, spec, page)
 
     def _read(
@@ -329,10 +372,16 @@ class Mapper:
         job: str,
         range_id: str,
         spec: MapSpec,
+        row: RangeRow | None,
     ) -> _Next | _Page:
-        """Take (in ``tx``) or read the range, read its next page and plan what follows;
-        or what follows at once, when the range is not there to visit."""
-        row = None if tx is None else self.ledger.take(tx, job, range_id)
+        """Read the range's next page and plan what follows, from ``row`` as this run left
+        it (its checkpoint's compare-and-set finds out if another run moved it), or else
+        take (in ``tx``) or read the range first; or what follows at once, when the
+        range is not there to visit."""
+        taken = False
+        if row is None:
+            row = None if tx is None else self.ledger.take(tx, job, range_id)
+            taken = row is not None
         if row is None:
             found = self.ledger.read_range(conn, job, range_id)
             if found is None:
@@ -347,31 +396,35 @@ class Mapper:
                 return _Next(state)
         rows = spec.source.page(conn, row.range, row.after, spec.page_size)
         after = spec.source.key_of(rows[-1]) if rows else row.after
-        return _Page(row, rows, after, self._plan(conn, spec, row, rows, after))
+        children, planned = self._plan(conn, job, spec, row, rows, after)
+        return _Page(row, rows, after, children, planned, taken)
 
     def _visit(self, tx: Connection | None, job: str, spec: MapSpec, page: _Page) -> _Next | None:
-        """Hand the page to fn and checkpoint it (in ``tx``, or in a transaction of its
-        own)."""
-        spec.fn(Batch(page.rows, job, page.row.id, tx))
-        return self._checkpoint(tx, job, page.row, page.after, len(page.rows), page.children)
+        """Hand the page to fn (unless it is empty: the range ended with the page before)
+        and checkpoint it (in ``tx``, or in a transaction of its own)."""
+        if page.rows:
+            spec.fn(Batch(page.rows, job, page.row.id, tx))
+        return self._checkpoint(tx, job, page)
 
-    def _checkpoint(
-        self,
-        tx: Connection | None,
-        job: str,
-        row: RangeRow,
-        after: Key | None,
-        rows: int,
-        children: _Children | None,
-    ) -> _Next | None:
+    def _checkpoint(self, tx: Connection | None, job: str, page: _Page) -> _Next | None:
+        row, children = page.row, page.children
+
         def write(conn: Connection) -> _Next | None:
             done = self.ledger.checkpoint(
-                conn, job, row, after=after, rows=rows, children=children, count_page=tx is None
+                conn,
+                job,
+                row,
+                after=page.after,
+                rows=len(page.rows),
+                children=children,
+                count_page=not page.taken,
             )
             if done is None:
                 return None
             if children is None:
-                return _Next(PENDING)
+                visited = row.visited + len(page.rows)
+                moved = replace(row, after=page.after, visited=visited, planned=page.planned)
+                return _Next(PENDING, row=moved)
             # A range that finishes leaves completing the job to a pending range it holds
             # until it commits (that range's run ends later); if it holds none, it tries.
             ids, held = done
@@ -382,54 +435,67 @@ class Mapper:
         return self.store.transaction(f"checkpointing a range of job {job!r}", write)
 
     def _plan(
-        self, conn: Connection, spec: MapSpec, row: RangeRow, rows: list[Any], after: Key | None
-    ) -> _Children | None:
-        """What follows a page: ``[]`` (the range is exhausted), None (stay: one more page
-        will do, or a few that are not worth a split), or the children that split what
-        is left of the range."""
-        if len(rows) < spec.page_size:
-            return []
-        if row.planned is not None:
-            left = row.planned - row.visited - len(rows)
-            if 0 < left <= spec.fanout * spec.page_size:
-                # Its parent's sample put at most `fanout` pages in what is left: a split
-                # would read them all for a sample, to make children of a page or less.
-                # Past its plan (more rows than the sample showed), it samples again.
-                return None
-        if row.depth == 0:
-            # The root runs alone: a sample would read the whole source while every
-            # other worker waits, and its real bounds are two index probes. Its children
-            # sample, so skewed keys are split by the data from the next level on.
-            planned = self._plan_by_bounds(conn, spec, row, after)
-            if planned is not None:
-                return planned
-        # Large enough that a sample that is not full is all that is left, so the
-        # children can be cut to about a page each.
-        size = min(_MAX_SAMPLE, spec.fanout * max(spec.page_size, _SAMPLE_PER_CHILD))
-        points = spec.fanout * _SAMPLE_PER_CHILD
-        sample = spec.source.sample(conn, row.range, after, size, points)
-        if sample is None:
-            return self._plan_by_bounds(conn, spec, row, after)
-        if not sample.drawn:
-            return []
-        cuts = split_points(sample, size, spec.fanout, spec.page_size)
-        return _children(row.range, cuts, after, sample.rows) if cuts else None
+        self,
+        conn: Connection,
+        job: str,
+        spec: MapSpec,
+        row: RangeRow,
+        rows: list[Any],
+        after: Key | None,
+    ) -> tuple[_Children | None, int | None]:
+        """What follows a page: ``[]`` (the range is exhausted), None (go on in place), or
+        the children that split what is left of the range; and the rows now planned in
+        the range.
 
-    def _plan_by_bounds(
-        self, conn: Connection, spec: MapSpec, row: RangeRow, after: Key | None
-    ) -> _Children | None:
-        """Split between the real smallest and largest key left: for the root, and for
-        sources that cannot sample. Key arithmetic between the bounds gives targets, in
-        Python's order; the points are the real keys found at them in the database's
-        (``seek``), which a collation may order otherwise. ``[]`` if nothing is left,
-        None if no point was found."""
+        A range goes on in place while what its plan leaves is a leaf's size or less:
+        ``rows / fanout**2`` of the source's estimated rows, at least ``fanout`` pages. A
+        range with no plan (the root), or past it (more rows than planned), estimates
+        what is left from the database's statistics (the histogram's bounds past its
+        checkpoint, each bucket an equal share of the rows; the root: the row estimate)
+        and from the page it read (as many keys per page past it, up to its largest key),
+        taking the larger; then goes on planned at that, or splits. The children are cut
+        at the histogram's bounds where it has enough of them inside, else at even steps
+        of key arithmetic; the database places each cut at a real key (``seek``), so
+        neither stale statistics nor a collation can make a partition wrong, only uneven
+        — and an uneven child is split again when it passes its plan. Reads for planning:
+        the statistics once per job and process, two index probes and ``fanout - 1`` more
+        per estimate and split."""
+        if len(rows) < spec.page_size:
+            return [], row.planned
+        stats = self._statistics(conn, job, spec)
+        leaf = max(spec.fanout * spec.page_size, (stats.rows or 0) // spec.fanout**2)
+        done = row.visited + len(rows)
+        if row.planned is not None and row.planned > done:
+            if row.planned - done <= leaf:
+                return None, row.planned
+            left: int | None = row.planned - done
+        else:
+            left = None
         bounds = spec.source.bounds(conn, row.range, after)
         if bounds is None:
-            return []
+            return [], row.planned
         # Python's order only orients the arithmetic: the database places the points.
         low, high = sorted(bounds)
-        points = seek(conn, spec.source, row.range, bounds[0], interpolate(low, high, spec.fanout))
-        return _children(row.range, points, after) if points else None
+        inside = _between(stats.bounds, after, high)
+        pages = ahead(spec.source.key_of(rows[0]), spec.source.key_of(rows[-1]), high)
+        density = None if pages is None else round(pages * len(rows))
+        if left is None:
+            left = _estimate_left(stats, row.depth == 0, done, inside, density)
+        elif density is not None:
+            left = min(left, density)  # the plan was an even share: this range may be sparse
+        if left is not None and stats.rows is not None:
+            left = min(left, stats.rows)  # keys far from even can make a page's word wild
+        if left is not None and left <= leaf:
+            return None, done + left
+        parts = spec.fanout if left is None else max(2, min(spec.fanout, -(-left // leaf)))
+        if len(inside) >= parts - 1:
+            targets = [inside[(len(inside) + 1) * k // parts - 1] for k in range(1, parts)]
+        else:
+            targets = interpolate(low, high, parts)
+        points = seek(conn, spec.source, row.range, bounds[0], targets)
+        if not points:
+            return None, row.planned
+        return _children(row.range, points, after, left), row.planned
 
     # -- completion and failure ----------------------------------------------------------
 
@@ -501,21 +567,6 @@ class Mapper:
             log.warning("job %s: range %s cannot be retried: %s", job, range_id, lost)
 
 
-def split_points(sample: Sample, size: int, fanout: int, page_size: int) -> list[Key]:
-    """Where to cut what is left of a range, given its ``sample`` of at most ``size``
-    keys: at the sample's ``fanout``-quantiles; or, when fewer were drawn (the sample is
-    all that is left), into as few pieces as hold at most ``page_size`` rows each — none
-    when one page will do. A thinned sample's keys stand for ``drawn / len(keys)`` rows
-    each, so pieces are planned with that much room to spare; that needs more than
-    ``drawn / page_size`` keys, as ``size <= len(keys) * max(page_size, 16)`` gives."""
-    keys, drawn = sample.keys, sample.drawn
-    parts = fanout
-    if drawn < size:
-        spare = 0 if len(keys) >= drawn else -(-drawn // len(keys)) + 1
-        parts = min(parts, -(-drawn // (page_size - spare)))
-    return [keys[len(keys) * i // parts] for i in range(1, parts)]
-
-
 def seek(
     conn: Connection, source: Source, rng: KeyRange, first: Key, targets: Sequence[Key]
 ) -> list[Key]:
@@ -535,13 +586,36 @@ def seek(
 
 
 def _children(
-    rng: KeyRange, points: Sequence[Key], after: Key | None, rows: int | None = None
+    rng: KeyRange, points: Sequence[Key], after: Key | None, rows: int | None
 ) -> _Children:
-    """``rng`` cut at ``points`` (its quantiles, if it holds ``rows`` rows past ``after``:
-    each piece is planned an even share); the first piece keeps the checkpoint ``after``."""
+    """``rng`` cut at ``points``, planned at an even share of the ``rows`` left past
+    ``after`` each (if known); the first piece keeps the checkpoint ``after``."""
     pieces = rng.split(points)
     planned = None if rows is None else -(-rows // len(pieces))
     return [Child(piece, after if i == 0 else None, planned) for i, piece in enumerate(pieces)]
+
+
+def _between(bounds: Sequence[Key], after: Key | None, high: Key) -> list[Key]:
+    """The histogram's ``bounds`` past ``after`` and below ``high`` in Python's order
+    (which only aims: ``seek`` places the cuts), or none where it cannot compare them."""
+    try:
+        return [b for b in bounds if (after is None or after < b) and b < high]  # type: ignore[operator]
+    except TypeError:
+        return []
+
+
+def _estimate_left(
+    stats: Statistics, root: bool, done: int, inside: Sequence[Key], density: int | None
+) -> int | None:
+    """The rows left in a range with no plan, or past it: the larger of the statistics'
+    word (the root: the source's estimated rows less those done; else the histogram's
+    buckets past the page) and the ``density`` of its page. None if neither can tell."""
+    estimates = [] if density is None else [density]
+    if root and stats.rows is not None:
+        estimates.append(stats.rows - done)
+    elif inside and stats.rows is not None and len(stats.bounds) > 1:
+        estimates.append(round(len(inside) * stats.rows / (len(stats.bounds) - 1)))
+    return max(0, *estimates) if estimates else None
 
 
 def _describe(exc: BaseException) -> str:

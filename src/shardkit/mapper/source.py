@@ -22,7 +22,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, RowMapping
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.expression import ClauseElement, Executable
 
 from shardkit.errors import ConfigurationError
 from shardkit.mapper.keys import Key, KeyRange
@@ -31,21 +34,17 @@ _COMPARE = {"lo": operator.ge, "hi": operator.lt, "after": operator.gt}
 
 
 @dataclass(frozen=True)
-class Sample:
-    """Split points drawn from the data: ``drawn`` keys were taken at random from a
-    range, and ``keys`` are the ``points``-quantiles of those, in key order (the
-    database's): the keys of rank ``ceil(k * drawn / points)`` for k = 1…points, each
-    once, so the largest drawn key is last and, when ``drawn <= points``, every drawn key
-    is there. Key ``i`` therefore has about ``(i + 1) * drawn / len(keys)`` drawn keys at
-    or below it.
+class Statistics:
+    """What the database already knows of a source's keys, read from its catalog or its
+    planner without reading the source's rows.
 
-    ``rows`` is how many rows the sampled range holds: ``drawn`` when fewer than the
-    ``size`` asked for were drawn (every row was), else an estimate from the draw, or None
-    if the source cannot tell."""
+    ``rows`` is the planner's estimate of the rows the source holds (None if it cannot
+    tell); ``bounds`` are keys that cut them into about equal parts — an equi-depth
+    histogram of the key, ascending in the database's order as of its last statistics
+    (empty when it keeps none). Both may be stale: the mapper only aims with them."""
 
-    keys: Sequence[Key]
-    drawn: int
-    rows: int | None = None
+    rows: int | None
+    bounds: Sequence[Key] = ()
 
 
 @runtime_checkable
@@ -61,23 +60,25 @@ class Source(Protocol):
     def key_of(self, row: Any) -> Key:
         """The key of a row returned by ``page``."""
 
-    def sample(
-        self, conn: Connection, rng: KeyRange, after: Key | None, size: int, points: int
-    ) -> Sample | None:
-        """Draw up to ``size`` keys of ``rng`` above ``after`` at random (all of them when
-        fewer exist) and return their ``points``-quantiles (see ``Sample``). Only those
-        travel: a database computes them where the keys are. None if this source cannot
-        sample; the mapper then splits between the real ``bounds`` by key arithmetic."""
-
     def bounds(self, conn: Connection, rng: KeyRange, after: Key | None) -> tuple[Key, Key] | None:
         """The smallest and largest key of ``rng`` above ``after``; None if there is none."""
-
-    def count(self, conn: Connection) -> int:
-        """How many rows the source has (for the progress estimate)."""
 
     def portable(self) -> dict[str, Any] | None:
         """A JSON description from which ``TableSource.load`` rebuilds this source in
         another process, or None (the job then carries it pickled, signed)."""
+
+
+@runtime_checkable
+class StatisticsSource(Protocol):
+    """A source that can tell what its database knows of it (an optional ability): the
+    mapper then plans a job's splits and its progress estimate from it. Without it,
+    ranges are split by key arithmetic between their real bounds, and a job has no
+    estimate."""
+
+    def statistics(self, conn: Connection) -> Statistics:
+        """The database's statistics of this source, read without reading its rows: a
+        few catalog rows and a query plan, whatever the source's size."""
+        ...
 
 
 class TableSource:
@@ -106,7 +107,6 @@ class TableSource:
         self._columns = [self._from.c[name] for name in names]
         # Statements by shape (see _edges), built once.
         self._pages: dict[tuple[str, ...], sa.Select[Any]] = {}
-        self._samples: dict[tuple[str, tuple[str, ...]], sa.Select[Any]] = {}
         self._ties: sa.Select[Any] | None = None
 
     def __repr__(self) -> str:
@@ -182,62 +182,6 @@ class TableSource:
             return row[self.key[0]]  # type: ignore[no-any-return]
         return tuple(row[name] for name in self.key)
 
-    def sample(
-        self, conn: Connection, rng: KeyRange, after: Key | None, size: int, points: int
-    ) -> Sample:
-        edges, params = self._edges(rng, after)
-        shape = (conn.dialect.name, edges)
-        statement = self._samples.get(shape)
-        if statement is None:
-            statement = self._samples[shape] = self._sample_statement(*shape)
-        params.update(shardkit_size=size, shardkit_points=points)
-        rows = conn.execute(statement, params).all()
-        if not rows:
-            return Sample([], 0, 0)
-        n = len(self.key)
-        keys = [row[0] for row in rows] if n == 1 else [tuple(row[:n]) for row in rows]
-        drawn, top = rows[0][n], rows[0][n + 1]
-        # The largest of the ``size`` smallest of N uniform draws is about size / N, so
-        # (size - 1) / top estimates N (within about 1 / sqrt(size)).
-        total = drawn if drawn < size else max(drawn, round((size - 1) / max(top, 1e-12)))
-        return Sample(keys, drawn, total)
-
-    def _sample_statement(self, dialect: str, edges: tuple[str, ...]) -> sa.Select[Any]:
-        # ORDER BY a random draw reads the rest of the range once (a top-N sort): the
-        # price of split points that follow the data, however skewed. The rank r of a
-        # quantile k * drawn / points (rounded up) is the one whose r * points passes a
-        # multiple of drawn: (r * points) % drawn < points, in integers on every database.
-        uniform: sa.ColumnElement[Any]
-        if dialect in ("mysql", "mariadb"):
-            uniform = sa.func.rand()
-        elif dialect == "sqlite":  # random() is a 64-bit integer there
-            uniform = sa.func.random() / sa.literal(2.0**64) + sa.literal(0.5)
-        else:
-            uniform = sa.func.random()
-        draw = uniform.label("shardkit_draw")
-        picked = (
-            sa.select(*self._columns, draw)
-            .where(*self._where(edges))
-            .order_by(draw)
-            .limit(sa.bindparam("shardkit_size", type_=sa.Integer))
-            .subquery("shardkit_sample")
-        )
-        keys = [picked.c[name] for name in self.key]
-        ranked = sa.select(
-            *keys,
-            sa.func.row_number().over(order_by=keys).label("shardkit_rank"),
-            sa.func.count().over().label("shardkit_drawn"),
-            sa.func.max(picked.c.shardkit_draw).over().label("shardkit_top"),
-        ).subquery("shardkit_ranked")
-        columns = [ranked.c[name] for name in self.key]
-        rank, drawn = ranked.c.shardkit_rank, ranked.c.shardkit_drawn
-        every = sa.bindparam("shardkit_points", type_=sa.Integer)
-        return (
-            sa.select(*columns, drawn, ranked.c.shardkit_top)
-            .where(rank * every % drawn < every)
-            .order_by(*columns)
-        )
-
     def bounds(self, conn: Connection, rng: KeyRange, after: Key | None) -> tuple[Key, Key] | None:
         edges, params = self._edges(rng, after)
 
@@ -253,9 +197,55 @@ class TableSource:
         high = edge(descending=True)
         return None if low is None or high is None else (low, high)
 
-    def count(self, conn: Connection) -> int:
-        statement = sa.select(sa.func.count()).select_from(self._from)
-        return int(conn.execute(statement).scalar_one())
+    def statistics(self, conn: Connection) -> Statistics:
+        """PostgreSQL: the planner's row estimate (``EXPLAIN``) and, for a table keyed by
+        one column, that column's histogram (``pg_stats.histogram_bounds``, kept by
+        ``ANALYZE`` and autovacuum). MySQL and MariaDB: the planner's row estimate.
+        SQLite, which keeps no estimate: a count of the rows (a local file's)."""
+        dialect = conn.dialect.name
+        if dialect == "sqlite":
+            statement = sa.select(sa.func.count()).select_from(self._from)
+            return Statistics(int(conn.execute(statement).scalar_one()))
+        everything = sa.select(*self._columns)
+        if dialect == "postgresql":
+            plan = conn.execute(Explain(everything, "(FORMAT JSON) ")).scalar_one()
+            return Statistics(int(plan[0]["Plan"]["Plan Rows"]), self._histogram(conn))
+        if dialect in ("mysql", "mariadb"):
+            rows = conn.execute(Explain(everything)).mappings().first()
+            found = None if rows is None else rows.get("rows")
+            return Statistics(None if found is None else int(found))
+        return Statistics(None)
+
+    def _histogram(self, conn: Connection) -> list[Key]:
+        """The key's equi-depth histogram bounds in PostgreSQL's statistics: a table's one
+        key column only (a select's filters make the table's histogram another's)."""
+        if not isinstance(self._from, sa.Table) or len(self._columns) != 1:
+            return []
+        column = self._columns[0]
+        name = conn.dialect.identifier_preparer.format_table(self._from)
+        stats = sa.table(
+            "pg_stats",
+            sa.column("schemaname"),
+            sa.column("tablename"),
+            sa.column("attname"),
+            sa.column("histogram_bounds"),
+        )
+        relation = (
+            sa.text(
+                "SELECT n.nspname, c.relname FROM pg_class AS c JOIN pg_namespace AS n "
+                "ON n.oid = c.relnamespace WHERE c.oid = to_regclass(:shardkit_name)"
+            )
+            .columns(sa.column("nspname"), sa.column("relname"))
+            .subquery()
+        )
+        bounds = sa.cast(sa.cast(stats.c.histogram_bounds, sa.Text), postgresql.ARRAY(column.type))
+        statement = sa.select(bounds).where(
+            stats.c.schemaname == relation.c.nspname,
+            stats.c.tablename == relation.c.relname,
+            stats.c.attname == column.name,
+        )
+        found = conn.execute(statement, {"shardkit_name": name}).scalar()
+        return list(found or [])
 
     def portable(self) -> dict[str, Any] | None:
         if not isinstance(self.selectable, sa.Table):
@@ -272,6 +262,21 @@ class TableSource:
             autoload_with=engine,
         )
         return cls(table, description["key"])
+
+
+class Explain(Executable, ClauseElement):
+    """``EXPLAIN`` of a statement, its parameters bound as the statement's own."""
+
+    inherit_cache = False  # made once per job and process: not worth a cache key
+
+    def __init__(self, statement: sa.Select[Any], prefix: str = "") -> None:
+        self.statement = statement
+        self.prefix = prefix
+
+
+@compiles(Explain)
+def _explain(element: Explain, compiler: Any, **kw: Any) -> str:
+    return f"EXPLAIN {element.prefix}{compiler.process(element.statement, **kw)}"
 
 
 def _may_tie(key: Key) -> bool:
@@ -301,4 +306,4 @@ def as_source(obj: Any, key: str | Sequence[str] | None) -> Source:
     )
 
 
-__all__ = ["Sample", "Source", "TableSource", "as_source"]
+__all__ = ["Source", "Statistics", "StatisticsSource", "TableSource", "as_source"]

@@ -425,7 +425,7 @@ class SqlCore:
             sa.Column("state", sa.String(8), nullable=False),
             sa.Column("depth", sa.Integer, nullable=False),
             sa.Column("rows", sa.BigInteger, nullable=False),
-            sa.Column("planned", sa.BigInteger),  # rows its parent's sample put in it
+            sa.Column("planned", sa.BigInteger),  # rows its parent planned in it
             sa.Column("pages", sa.Integer, nullable=False),
             sa.Column("failures", sa.Integer, nullable=False),
             sa.Column("error", sa.Text),

@@ -9,16 +9,17 @@ connection of the page's transaction, so in a transactional job ORM writes made 
 
 from __future__ import annotations
 
+import json
 import pickle
 from typing import Any
 
 from django.apps import apps
-from django.db import models
+from django.db import connections, models
 from sqlalchemy.engine import Connection
 
 from shardkit.errors import ConfigurationError
 from shardkit.mapper.keys import Key, KeyRange
-from shardkit.mapper.source import Sample
+from shardkit.mapper.source import Statistics
 
 from .conf import database
 from .store import DjangoConnection
@@ -61,6 +62,7 @@ class QuerySetSource:
             raise ConfigurationError(
                 "a queryset is mapped by the Django app's kit: shardkit.contrib.django.kit()"
             )
+        dbapi.begin()  # a page read in a transaction, and fn's ORM writes, are part of it
         lookups = {}
         if rng.lo is not None:
             lookups[f"{self.key}__gte"] = rng.lo
@@ -77,28 +79,19 @@ class QuerySetSource:
     def key_of(self, row: Any) -> Key:
         return getattr(row, self.key)  # type: ignore[no-any-return]
 
-    def sample(
-        self, conn: Connection, rng: KeyRange, after: Key | None, size: int, points: int
-    ) -> Sample:
-        picked = self._within(conn, rng, after).order_by("?").values(self.key)[:size]
-        keys = list(
-            self.queryset.filter(**{f"{self.key}__in": picked})
-            .order_by(self.key)
-            .values_list(self.key, flat=True)
-        )
-        drawn = len(keys)
-        ranks = sorted({-(-k * drawn // points) for k in range(1, points + 1)} - {0})
-        # Fewer drawn than asked: that is every row left. Otherwise the count is unknown.
-        return Sample([keys[rank - 1] for rank in ranks], drawn, drawn if drawn < size else None)
-
     def bounds(self, conn: Connection, rng: KeyRange, after: Key | None) -> tuple[Key, Key] | None:
         edges = self._within(conn, rng, after).aggregate(
             low=models.Min(self.key), high=models.Max(self.key)
         )
         return None if edges["low"] is None else (edges["low"], edges["high"])
 
-    def count(self, conn: Connection) -> int:
-        return int(self.queryset.count())
+    def statistics(self, conn: Connection) -> Statistics:
+        """The planner's row estimate on PostgreSQL (``queryset.explain``); elsewhere a
+        count. No histogram: a queryset's filters make the table's another's."""
+        if connections[self.queryset.db].vendor == "postgresql":
+            plan = json.loads(self.queryset.explain(format="json"))
+            return Statistics(int(plan[0]["Plan"]["Plan Rows"]))
+        return Statistics(self.queryset.count())
 
     def portable(self) -> None:
         return None  # a queryset's filters travel pickled, signed with the kit's secret

@@ -56,11 +56,17 @@ class DjangoConnection:
         return django_connection.connection
 
     def cursor(self, *args: Any, **kwargs: Any) -> Any:
+        self.begin()
+        return self._raw.cursor(*args, **kwargs)
+
+    def begin(self) -> None:
+        """Enter the transaction's atomic block now, as its first cursor would (unless
+        in AUTOCOMMIT): the ORM's statements that follow on Django's connection are part
+        of it, though SQLAlchemy has not run one yet."""
         if self._atomic is None and not self.autocommit:
             atomic = transaction.atomic(using=self.alias)
             atomic.__enter__()
             self._atomic = atomic
-        return self._raw.cursor(*args, **kwargs)
 
     def commit(self) -> None:
         atomic, self._atomic = self._atomic, None
