@@ -171,14 +171,17 @@ def _positions(keys: Sequence[Key]) -> list[int] | None:
         return [key.int for key in keys if isinstance(key, UUID)]
     if all(isinstance(key, bytes) for key in keys):
         found = [list(key) for key in keys if isinstance(key, bytes)]
-        base = 256
     elif all(isinstance(key, str) for key in keys):
-        found = [[_digit(c) for c in key] for key in keys if isinstance(key, str)]
-        base = _CODE_POINTS
+        found = [[ord(c) for c in key] for key in keys if isinstance(key, str)]
     else:
         return None
+    # Digits over the alphabet the keys use, not every code point: keys of a few
+    # characters (hex, digits, words) are as dense as their alphabet, and a position's
+    # weight is that alphabet's size. Digit 0 pads the shorter keys.
+    alphabet = {digit: rank for rank, digit in enumerate(sorted(set().union(*found)), 1)}
     width = max(len(digits) for digits in found)
-    return [_number(digits, width, base) for digits in found]
+    base = len(alphabet) + 1
+    return [_number([alphabet[d] for d in digits], width, base) for digits in found]
 
 
 def _spread(lo: int, hi: int, parts: int) -> list[int]:

@@ -488,10 +488,7 @@ class Mapper:
         if left is not None and left <= leaf:
             return None, done + left
         parts = spec.fanout if left is None else max(2, min(spec.fanout, -(-left // leaf)))
-        if len(inside) >= parts - 1:
-            targets = [inside[(len(inside) + 1) * k // parts - 1] for k in range(1, parts)]
-        else:
-            targets = interpolate(low, high, parts)
+        targets = _targets([low, *_between(inside, low, high), high], parts)
         points = seek(conn, spec.source, row.range, bounds[0], targets)
         if not points:
             return None, row.planned
@@ -593,6 +590,31 @@ def _children(
     pieces = rng.split(points)
     planned = None if rows is None else -(-rows // len(pieces))
     return [Child(piece, after if i == 0 else None, planned) for i, piece in enumerate(pieces)]
+
+
+_STEPS = 64  # a bucket's parts that a target can fall on
+
+
+def _targets(edges: Sequence[Key], parts: int) -> list[Key]:
+    """``parts - 1`` keys that cut the stretch from ``edges[0]`` to ``edges[-1]`` into
+    parts of about equal rows, if the stretches between neighbouring edges (increasing)
+    each hold about as many rows — a histogram's buckets; with two edges, even steps of
+    key arithmetic. A cut that falls inside a bucket is placed by key arithmetic in it,
+    to a 64th of the bucket."""
+    buckets = len(edges) - 1
+    targets: list[Key] = []
+    for k in range(1, parts):
+        at = buckets * k / parts
+        i = min(int(at), buckets - 1)
+        step = round((at - i) * _STEPS)
+        points = interpolate(edges[i], edges[i + 1], _STEPS) if 0 < step < _STEPS else []
+        if step >= _STEPS:
+            targets.append(edges[i + 1])
+        elif len(points) == _STEPS - 1:
+            targets.append(points[step - 1])
+        else:  # on the bucket's edge, or a bucket of too few keys to cut
+            targets.append(edges[i])
+    return targets
 
 
 def _between(bounds: Sequence[Key], after: Key | None, high: Key) -> list[Key]:

@@ -108,6 +108,9 @@ class TableSource:
         # Statements by shape (see _edges), built once.
         self._pages: dict[tuple[str, ...], sa.Select[Any]] = {}
         self._ties: sa.Select[Any] | None = None
+        # A key the table declares unique (its primary key, a unique constraint or
+        # index) holds no two rows equal under its collation: no page ends inside ties.
+        self._unique = isinstance(selectable, sa.Table) and _declared_unique(selectable, names)
 
     def __repr__(self) -> str:
         name = getattr(self.selectable, "name", "select")
@@ -162,7 +165,7 @@ class TableSource:
             )
         params["shardkit_limit"] = limit
         rows = list(conn.execute(statement, params).mappings().all())
-        if len(rows) == limit and _may_tie(self.key_of(rows[-1])):
+        if len(rows) == limit and not self._unique and _may_tie(self.key_of(rows[-1])):
             return self._with_ties(conn, rows)
         return rows
 
@@ -277,6 +280,20 @@ class Explain(Executable, ClauseElement):
 @compiles(Explain)
 def _explain(element: Explain, compiler: Any, **kw: Any) -> str:
     return f"EXPLAIN {element.prefix}{compiler.process(element.statement, **kw)}"
+
+
+def _declared_unique(table: sa.Table, names: Sequence[str]) -> bool:
+    """Whether ``table`` declares the columns ``names`` unique together."""
+    wanted = set(names)
+    declared = [{c.name for c in table.primary_key.columns}]
+    declared += [
+        {c.name for c in constraint.columns}
+        for constraint in table.constraints
+        if isinstance(constraint, sa.UniqueConstraint)
+    ]
+    declared += [{c.name for c in index.columns} for index in table.indexes if index.unique]
+    declared += [{column.name} for column in table.columns if column.unique]
+    return wanted in declared
 
 
 def _may_tie(key: Key) -> bool:
