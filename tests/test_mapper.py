@@ -483,6 +483,19 @@ def test_a_range_planned_at_a_leaf_goes_on_in_place(kit: shardkit.Kit, tables: T
             assert len(held) > row.planned
 
 
+@pytest.mark.parametrize("planned", [True, False])
+def test_a_fanout_of_one_is_a_single_cursor(
+    kit: shardkit.Kit, tables: Tables, planned: bool
+) -> None:
+    table, initial = key_table(tables, "sparse", 600)
+    source = TableSource(table, "k") if planned else Unplanned(table, "k")
+
+    status = kit.map(source, add_ten(table), transactional=True, page_size=50, fanout=1).wait(WAIT)
+
+    assert values(kit, table) == plus(initial, 10)
+    assert (status.rows, status.done, status.depth, status.pages) == (600, 1, 0, 13)
+
+
 class Unplanned:
     """A source without statistics (only ``Source``'s methods): its ranges are split by
     key arithmetic between their bounds, planned by the density of their pages."""
@@ -601,6 +614,41 @@ def test_a_finishing_range_holds_another_pending_range_until_it_commits(
                     assert free[0] in others
         with two.begin():
             assert sorted(two.execute(unlocked).scalars()) == sorted(others)
+
+
+def test_a_page_whose_checkpoint_moved_on_is_rolled_back_with_fn(
+    kit: shardkit.Kit, tables: Tables
+) -> None:
+    """A run goes on from the checkpoint it left in memory; if another run moved the
+    range's checkpoint meanwhile, its page's compare-and-set fails and fn's writes roll
+    back with it: each row once."""
+    table, initial = key_table(tables, "sequential", 100)
+    spec = MapSpec(TableSource(table, "k"), add_ten(table), None, 10, 1, True, 0)
+    mapper, job = kit.mapper, f"moved-{uuid4().hex[:8]}"
+    assert mapper.ledger.create(job, spec.dumps(None)[0])
+    mapper._hold(job, spec)
+    root = KeyRange().id(job)
+
+    first = mapper._step(job, root, spec, None)  # keys 1…10, from the ledger
+    assert first is not None
+    assert first.row is not None
+    second = mapper._step(job, root, spec, first.row)  # 11…20, from memory
+    assert second is not None
+    assert second.state == "pending"
+    assert mapper._step(job, root, spec, first.row) is None  # 11…20 again: moved on
+
+    assert values(kit, table) == {k: v + 10 if k <= 20 else v for k, v in initial.items()}
+    assert job_row(kit, job, root)[:2] == ("20", 20)
+
+
+def job_row(kit: shardkit.Kit, job: str, range_id: str) -> tuple[str, int, int]:
+    """A range's checkpoint, rows and pages in the ledger."""
+    r = sql_store(kit).ranges_table
+    with sql_store(kit).engine.connect() as conn:
+        row = conn.execute(
+            sa.select(r.c.after, r.c.rows, r.c.pages).where(r.c.job == job, r.c.id == range_id)
+        ).one()
+    return row.after, row.rows, row.pages
 
 
 def test_finished_ranges_leave_completing_the_job_to_the_last(

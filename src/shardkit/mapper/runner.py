@@ -462,6 +462,8 @@ class Mapper:
         per estimate and split."""
         if len(rows) < spec.page_size:
             return [], row.planned
+        if spec.fanout < 2:  # one cursor, never split
+            return None, row.planned
         stats = self._statistics(conn, job, spec)
         leaf = max(spec.fanout * spec.page_size, (stats.rows or 0) // spec.fanout**2)
         done = row.visited + len(rows)
