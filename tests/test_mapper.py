@@ -496,6 +496,25 @@ def test_a_fanout_of_one_is_a_single_cursor(
     assert (status.rows, status.done, status.depth, status.pages) == (600, 1, 0, 13)
 
 
+def test_a_key_declared_unique_needs_no_probe_for_ties(kit: shardkit.Kit, tables: Tables) -> None:
+    table, _ = key_table(tables, "string", 30)
+    statements: list[str] = []
+
+    def count(*args: Any) -> None:
+        statements.append(args[2])
+
+    sa.event.listen(tables.engine, "before_cursor_execute", count)
+    try:
+        with tables.engine.connect() as conn:
+            for source in (TableSource(table, "k"), TableSource(sa.select(table), "k")):
+                statements.clear()
+                assert len(source.page(conn, KeyRange(), None, 10)) == 10
+                # The primary key: one statement; a select's column may tie: a probe.
+                assert len(statements) == (1 if source.selectable is table else 2)
+    finally:
+        sa.event.remove(tables.engine, "before_cursor_execute", count)
+
+
 class Unplanned:
     """A source without statistics (only ``Source``'s methods): its ranges are split by
     key arithmetic between their bounds, planned by the density of their pages."""

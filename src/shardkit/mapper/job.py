@@ -143,8 +143,9 @@ class Job(JobCore):
     wait = blocking(JobCore._wait)
 
     def cancel(self) -> bool:
-        """Stop the job: pending ranges are no longer picked up (a page in progress
-        finishes). Returns False if the job had already finished."""
+        """Stop the job: pending ranges are no longer picked up, and a running range's
+        page in progress gets no checkpoint (a transactional page rolls back with fn's
+        writes). Returns False if the job had already finished."""
         return self._mapper.cancel(self.id)
 
     def resume(self) -> int:
