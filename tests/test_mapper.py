@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
 import shardkit
-from conftest import PREFIX, Target, wait_for
+from conftest import PREFIX, STORE_URLS, Target, require, wait_for
 from shardkit.errors import (
     ConfigurationError,
     JobFailed,
@@ -513,6 +513,60 @@ def test_a_key_declared_unique_needs_no_probe_for_ties(kit: shardkit.Kit, tables
                 assert len(statements) == (1 if source.selectable is table else 2)
     finally:
         sa.event.remove(tables.engine, "before_cursor_execute", count)
+
+
+@pytest.mark.parametrize("kind", ["sequential", "skewed", "string"])
+def test_postgresql_reads_each_row_about_once_over_a_job(kind: str) -> None:
+    """What PostgreSQL counts as read from the table over a whole job, fn doing nothing
+    (``seq_tup_read + idx_tup_fetch``): each row by its page, and a few keys probed to
+    plan the splits — at most 1.25 per row (a planner that sampled ranges read 3 to 4).
+    The counts are read once every backend of the job has exited, which is after each
+    reported its counts. (Rows are stored in key order: see the README on string keys
+    in random heap order.)"""
+    url = STORE_URLS["postgres"] or ""
+    require(url)
+    rows, app = 10_000, f"shardkit-tuples-{uuid4().hex[:8]}"
+    setup = sa.create_engine(url)
+    tables = Tables(setup)
+    try:
+        keys = sorted(KEY_KINDS[kind].keys(rows, random.Random(0)))
+        table = tables.create("acct", *KEY_KINDS[kind].columns(), sa.Column("v", sa.Integer))
+        with setup.begin() as conn:
+            conn.execute(table.insert(), [{"k": key, "v": 0} for key in keys])
+        analyze(setup, table)
+        before = tuples_read(setup, table)
+        engine = sa.create_engine(url, connect_args={"application_name": app})
+        try:
+            with shardkit.connect(
+                engine, "memory://", prefix=PREFIX, executor=LocalExecutor(workers=4)
+            ) as kit:
+                status = kit.map(table, lambda batch: None, page_size=50).wait(WAIT)
+        finally:
+            engine.dispose()
+        wait_for(lambda: backends(setup, app) == 0, "the job's connections to close", 30)
+        read = tuples_read(setup, table) - before
+    finally:
+        tables.metadata.drop_all(setup)
+        setup.dispose()
+    assert status.rows == rows
+    assert rows <= read <= 1.25 * rows
+
+
+def tuples_read(engine: sa.Engine, table: sa.Table) -> int:
+    """The table's tuples read so far, as PostgreSQL's statistics count them."""
+    with engine.connect() as conn:
+        conn.execute(sa.text("SELECT pg_stat_clear_snapshot()"))
+        statement = sa.text(
+            "SELECT seq_tup_read + coalesce(idx_tup_fetch, 0) FROM pg_stat_user_tables "
+            "WHERE relid = to_regclass(:name)"
+        )
+        return int(conn.execute(statement, {"name": table.name}).scalar_one())
+
+
+def backends(engine: sa.Engine, application: str) -> int:
+    with engine.connect() as conn:
+        statement = sa.text("SELECT count(*) FROM pg_stat_activity WHERE application_name = :a")
+        return int(conn.execute(statement, {"a": application}).scalar_one())
 
 
 class Unplanned:
