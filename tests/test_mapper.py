@@ -35,6 +35,7 @@ from shardkit.executor import LocalExecutor, Marks
 from shardkit.mapper import Batch, Completion, Job, MapSpec, Signer, TableSource
 from shardkit.mapper.keys import KeyRange, load_key
 from shardkit.mapper.ledger import Child
+from shardkit.mapper.runner import _targets
 from shardkit.mapper.source import Statistics, StatisticsSource
 from shardkit.mapper.spec import reference
 from shardkit.store.sql import SqlStore
@@ -503,6 +504,13 @@ def test_a_key_declared_unique_needs_no_probe_for_ties(kit: shardkit.Kit, tables
     def count(*args: Any) -> None:
         statements.append(args[2])
 
+    partial = tables.create(
+        "partial",
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("k", sa.String(40)),
+        sa.Index(None, "k", unique=True, sqlite_where=sa.text("id > 0")),
+    )
+    assert TableSource(partial, "k")._unique is False  # a partial index holds some rows
     sa.event.listen(tables.engine, "before_cursor_execute", count)
     try:
         with tables.engine.connect() as conn:
@@ -567,6 +575,65 @@ def backends(engine: sa.Engine, application: str) -> int:
     with engine.connect() as conn:
         statement = sa.text("SELECT count(*) FROM pg_stat_activity WHERE application_name = :a")
         return int(conn.execute(statement, {"a": application}).scalar_one())
+
+
+def test_composite_keys_with_few_leading_values_make_a_shallow_tree(
+    kit: shardkit.Kit, tables: Tables
+) -> None:
+    """(tenant, id) keys of four tenants: key arithmetic has no room between adjacent
+    tenants, so ranges are cut where the tenant steps, then inside each tenant."""
+    table = tables.create(
+        "tenants", _pk("a", sa.Integer), _pk("b", sa.Integer), sa.Column("v", sa.Integer)
+    )
+    initial = {(a, b): 0 for a in range(4) for b in range(2000)}
+    with tables.engine.begin() as conn:
+        conn.execute(table.insert(), [{"a": a, "b": b, "v": 0} for a, b in initial])
+
+    status = kit.map(table, add_ten(table), transactional=True, page_size=50).wait(WAIT)
+
+    assert values(kit, table) == plus(initial, 10)
+    assert status.rows == len(initial)
+    assert 4 < status.done < status.pages / 4
+    assert status.depth <= 4
+
+
+def test_cuts_never_pile_up_nor_hold_nul() -> None:
+    # No room between adjacent ints: no cut rather than several on one key.
+    assert _targets([1, 2], 8) == []
+    assert _targets([(0, 5), (1, 3)], 8) == []  # (1, 5) is past (1, 3)
+    assert _targets([(0, 1), (1, 9)], 8) == [(1, 1)]
+    # Arithmetic between 'item1' and 'item1999' pads with NUL: PostgreSQL's text has none.
+    cuts = _targets(["item1", "item1999"], 64)
+    assert cuts == sorted(set(cuts))
+    assert not any("\0" in cut for cut in cuts)
+
+
+class Misinformed(TableSource):
+    """A table source whose statistics are wrong (``rows``) or fail (None)."""
+
+    rows: int | None
+
+    def statistics(self, conn: Any) -> Statistics:
+        if self.rows is None:
+            raise RuntimeError("no statistics here")
+        return Statistics(self.rows)
+
+
+@pytest.mark.parametrize("told", [None, 1])
+def test_a_job_splits_whatever_its_statistics_say(
+    kit: shardkit.Kit, tables: Tables, told: int | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    table, initial = key_table(tables, "sequential", 3000)
+    source = Misinformed(table, "k")
+    source.rows = told
+
+    status = kit.map(source, add_ten(table), transactional=True, page_size=50).wait(WAIT)
+
+    assert values(kit, table) == plus(initial, 10)
+    assert status.rows == 3000
+    assert status.done > 4  # split once past what it was told
+    assert status.estimate == told
+    assert ("no statistics of its source" in caplog.text) == (told is None)
 
 
 class Unplanned:

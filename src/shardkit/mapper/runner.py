@@ -29,7 +29,7 @@ from sqlalchemy.engine import Connection
 
 from shardkit import metrics
 from shardkit._failures import FailureLog
-from shardkit.errors import ConfigurationError, JobNotFound, ShardkitError
+from shardkit.errors import ConfigurationError, JobNotFound, ShardkitError, UnsupportedKey
 from shardkit.executor import Executor, LocalExecutor
 from shardkit.mapper.job import Batch, Completion, Job
 from shardkit.mapper.keys import Key, KeyRange, ahead, interpolate
@@ -318,19 +318,21 @@ class Mapper:
                 self._unrecorded.pop((job, range_id), None)
         self._failures.worked(_UNRECORDED)
 
-    def _statistics(self, conn: Connection, job: str, spec: MapSpec) -> Statistics:
-        """The source's statistics, read once per job and process (None-filled for a
-        source without them). The root's first read records their row count as the
-        job's progress estimate."""
+    def _statistics(self, job: str, spec: MapSpec) -> Statistics:
+        """The source's statistics, read once per job and process on a connection of
+        their own (outside any page's transaction, which a failed read would abort);
+        none if the source has no such ability or reading them fails (logged once: the
+        job plans without them)."""
         with self._lock:
             found = self._stats.get(job)
         if found is None:
-            source = spec.source
-            found = (
-                source.statistics(conn)
-                if isinstance(source, StatisticsSource)
-                else Statistics(None)
-            )
+            found = Statistics(None)
+            if isinstance(spec.source, StatisticsSource):
+                try:
+                    with self.store.engine.connect() as conn:
+                        found = spec.source.statistics(conn)
+                except Exception as exc:
+                    log.warning("job %s: no statistics of its source: %s", job, _describe(exc))
             with self._lock:
                 if job in self._specs:  # held while the job runs: released with it
                     self._stats[job] = found
@@ -339,8 +341,7 @@ class Mapper:
     def _estimate(self, job: str, spec: MapSpec) -> None:
         """Record the source's estimated rows as the job's progress estimate, once (the
         root's run, before its first page): the statistics, not a count."""
-        with self.store.engine.connect() as conn:
-            rows = self._statistics(conn, job, spec).rows
+        rows = self._statistics(job, spec).rows
         if rows is not None:
             self.ledger.set_estimate(job, rows)
 
@@ -464,7 +465,7 @@ class Mapper:
             return [], row.planned
         if spec.fanout < 2:  # one cursor, never split
             return None, row.planned
-        stats = self._statistics(conn, job, spec)
+        stats = self._statistics(job, spec)
         leaf = max(spec.fanout * spec.page_size, (stats.rows or 0) // spec.fanout**2)
         done = row.visited + len(rows)
         if row.planned is not None and row.planned > done:
@@ -477,7 +478,10 @@ class Mapper:
         if bounds is None:
             return [], row.planned
         # Python's order only orients the arithmetic: the database places the points.
-        low, high = sorted(bounds)
+        try:
+            low, high = sorted(bounds)
+        except TypeError:  # parts Python cannot compare (a NULL in a composite key)
+            low, high = bounds
         inside = _between(stats.bounds, after, high)
         pages = ahead(spec.source.key_of(rows[0]), spec.source.key_of(rows[-1]), high)
         density = None if pages is None else round(pages * len(rows))
@@ -485,15 +489,21 @@ class Mapper:
             left = _estimate_left(stats, row.depth == 0, done, inside, density)
         elif density is not None:
             left = min(left, density)  # the plan was an even share: this range may be sparse
-        if left is not None and stats.rows is not None:
-            left = min(left, stats.rows)  # keys far from even can make a page's word wild
+        if left is not None and stats.rows is not None and row.planned is None:
+            # A first estimate: keys far from even can make a page's word wild. Past a
+            # plan, the rows seen already outweigh statistics that may be low.
+            left = min(left, stats.rows)
+        if left is None and row.planned is not None:
+            left = row.planned  # past its plan, and nothing tells: as many again
         if left is not None and left <= leaf:
             return None, done + left
-        parts = spec.fanout if left is None else max(2, min(spec.fanout, -(-left // leaf)))
+        if left is None:  # nothing tells (composite keys, no statistics): fanout leaves
+            left = spec.fanout * leaf
+        parts = max(2, min(spec.fanout, -(-left // leaf)))
         targets = _targets([low, *_between(inside, low, high), high], parts)
         points = seek(conn, spec.source, row.range, bounds[0], targets)
-        if not points:
-            return None, row.planned
+        if not points:  # no room for a cut: go on, planned at the estimate
+            return None, done + left
         return _children(row.range, points, after, left), row.planned
 
     # -- completion and failure ----------------------------------------------------------
@@ -598,25 +608,59 @@ _STEPS = 64  # a bucket's parts that a target can fall on
 
 
 def _targets(edges: Sequence[Key], parts: int) -> list[Key]:
-    """``parts - 1`` keys that cut the stretch from ``edges[0]`` to ``edges[-1]`` into
-    parts of about equal rows, if the stretches between neighbouring edges (increasing)
-    each hold about as many rows — a histogram's buckets; with two edges, even steps of
-    key arithmetic. A cut that falls inside a bucket is placed by key arithmetic in it,
-    to a 64th of the bucket."""
+    """Up to ``parts - 1`` keys that cut the stretch from ``edges[0]`` to ``edges[-1]``
+    into parts of about equal rows, if the stretches between neighbouring edges
+    (increasing) each hold about as many rows — a histogram's buckets; with two edges,
+    even steps of key arithmetic. A cut that falls inside a bucket is placed by key
+    arithmetic in it, to a 64th of the bucket; where there is no room for it, none (the
+    cuts left are fewer, never piled on one key). Increasing in Python's order."""
     buckets = len(edges) - 1
     targets: list[Key] = []
     for k in range(1, parts):
         at = buckets * k / parts
         i = min(int(at), buckets - 1)
         step = round((at - i) * _STEPS)
-        points = interpolate(edges[i], edges[i + 1], _STEPS) if 0 < step < _STEPS else []
-        if step >= _STEPS:
-            targets.append(edges[i + 1])
-        elif len(points) == _STEPS - 1:
-            targets.append(points[step - 1])
-        else:  # on the bucket's edge, or a bucket of too few keys to cut
-            targets.append(edges[i])
-    return targets
+        if step <= 0:
+            target: Key | None = edges[i]
+        elif step >= _STEPS:
+            target = edges[i + 1]
+        else:
+            target = _inside(edges[i], edges[i + 1], step)
+        if target is not None and not _has_nul(target):
+            targets.append(target)
+    try:  # each once, increasing: equal or crossed targets would only make empty pieces
+        return [t for n, t in enumerate(targets) if n == 0 or targets[n - 1] < t]  # type: ignore[operator]
+    except TypeError:
+        return list(dict.fromkeys(targets))
+
+
+def _inside(lo: Key, hi: Key, step: int) -> Key | None:
+    """The key ``step / _STEPS`` of the way from ``lo`` to ``hi`` by key arithmetic, or
+    the nearest there is room for. Composite keys whose first differing part has no
+    room (adjacent values: tenants 1 and 2) are cut where that part steps to ``hi``'s,
+    the rest kept from ``lo``. None where there is no room at all."""
+    try:
+        points = interpolate(lo, hi, _STEPS)
+    except UnsupportedKey:
+        return None
+    if points:
+        return points[min(len(points) - 1, (step * len(points)) // _STEPS)]
+    if isinstance(lo, tuple) and isinstance(hi, tuple) and len(lo) == len(hi):
+        i = next((i for i, (a, b) in enumerate(zip(lo, hi, strict=True)) if a != b), None)
+        if i is not None:
+            stepped = (*hi[: i + 1], *lo[i + 1 :])
+            try:
+                return stepped if lo < stepped < hi else None
+            except TypeError:
+                return None
+    return None
+
+
+def _has_nul(key: Key) -> bool:
+    """Whether a string of ``key`` holds NUL, which PostgreSQL's text cannot (key
+    arithmetic between ``'item1'`` and ``'item1999'`` pads with it)."""
+    parts = key if isinstance(key, tuple) else (key,)
+    return any(isinstance(part, str) and "\0" in part for part in parts)
 
 
 def _between(bounds: Sequence[Key], after: Key | None, high: Key) -> list[Key]:

@@ -225,6 +225,8 @@ class TableSource:
         if not isinstance(self._from, sa.Table) or len(self._columns) != 1:
             return []
         column = self._columns[0]
+        if isinstance(column.type, sa.types.NullType):  # no type to read the bounds as
+            return []
         name = conn.dialect.identifier_preparer.format_table(self._from)
         stats = sa.table(
             "pg_stats",
@@ -291,7 +293,15 @@ def _declared_unique(table: sa.Table, names: Sequence[str]) -> bool:
         for constraint in table.constraints
         if isinstance(constraint, sa.UniqueConstraint)
     ]
-    declared += [{c.name for c in index.columns} for index in table.indexes if index.unique]
+    declared += [
+        {c.name for c in index.columns}
+        for index in table.indexes
+        if index.unique
+        and not any(  # a partial index holds some rows only
+            name.endswith("_where") and value is not None
+            for name, value in index.dialect_kwargs.items()
+        )
+    ]
     declared += [{column.name} for column in table.columns if column.unique]
     return wanted in declared
 
