@@ -165,15 +165,16 @@ def _positions(keys: Sequence[Key]) -> list[int] | None:
     kinds = {type(key) for key in keys}
     if len(kinds) != 1:
         return None
-    if all(isinstance(key, int) and not isinstance(key, bool) for key in keys):
+    found: list[list[int]]
+    if kinds == {int}:
         return [key for key in keys if isinstance(key, int)]
-    if all(isinstance(key, UUID) for key in keys):
+    if kinds == {UUID}:
         return [key.int for key in keys if isinstance(key, UUID)]
-    if all(isinstance(key, bytes) for key in keys):
+    if kinds == {bytes}:
         found = [list(key) for key in keys if isinstance(key, bytes)]
-    elif all(isinstance(key, str) for key in keys):
+    elif kinds == {str}:
         found = [[ord(c) for c in key] for key in keys if isinstance(key, str)]
-    else:
+    else:  # bools, floats, …: no arithmetic
         return None
     # Digits over the alphabet the keys use, not every code point: keys of a few
     # characters (hex, digits, words) are as dense as their alphabet, and a position's

@@ -468,12 +468,8 @@ class Mapper:
         stats = self._statistics(job, spec)
         leaf = max(spec.fanout * spec.page_size, (stats.rows or 0) // spec.fanout**2)
         done = row.visited + len(rows)
-        if row.planned is not None and row.planned > done:
-            if row.planned - done <= leaf:
-                return None, row.planned
-            left: int | None = row.planned - done
-        else:
-            left = None
+        if row.planned is not None and 0 < row.planned - done <= leaf:
+            return None, row.planned
         bounds = spec.source.bounds(conn, row.range, after)
         if bounds is None:
             return [], row.planned
@@ -485,16 +481,7 @@ class Mapper:
         inside = _between(stats.bounds, after, high)
         pages = ahead(spec.source.key_of(rows[0]), spec.source.key_of(rows[-1]), high)
         density = None if pages is None else round(pages * len(rows))
-        if left is None:
-            left = _estimate_left(stats, row.depth == 0, done, inside, density)
-        elif density is not None:
-            left = min(left, density)  # the plan was an even share: this range may be sparse
-        if left is not None and stats.rows is not None and row.planned is None:
-            # A first estimate: keys far from even can make a page's word wild. Past a
-            # plan, the rows seen already outweigh statistics that may be low.
-            left = min(left, stats.rows)
-        if left is None and row.planned is not None:
-            left = row.planned  # past its plan, and nothing tells: as many again
+        left = _estimate_left(stats, row, done, inside, density)
         if left is not None and left <= leaf:
             return None, done + left
         if left is None:  # nothing tells (composite keys, no statistics): fanout leaves
@@ -673,17 +660,31 @@ def _between(bounds: Sequence[Key], after: Key | None, high: Key) -> list[Key]:
 
 
 def _estimate_left(
-    stats: Statistics, root: bool, done: int, inside: Sequence[Key], density: int | None
+    stats: Statistics, row: RangeRow, done: int, inside: Sequence[Key], density: int | None
 ) -> int | None:
-    """The rows left in a range with no plan, or past it: the larger of the statistics'
-    word (the root: the source's estimated rows less those done; else the histogram's
-    buckets past the page) and the ``density`` of its page. None if neither can tell."""
-    estimates = [] if density is None else [density]
-    if root and stats.rows is not None:
-        estimates.append(stats.rows - done)
+    """The rows left in ``row``'s range past a full page (``done`` rows visited with it).
+
+    Within its plan: what the plan leaves, or the page's ``density`` if smaller (a plan is
+    an even share of the parent's estimate: the range may be sparse). With no plan (the
+    root), or past it: the larger of the density and the statistics' word (the root: the
+    source's estimated rows less those done; else the histogram's buckets past the page),
+    a first estimate capped by the source's rows (keys far from even make a page's word
+    wild; past a plan, the rows seen outweigh statistics that may be low); where nothing
+    tells, past a plan as many again, and with none None."""
+    if row.planned is not None and row.planned > done:
+        planned = row.planned - done
+        return planned if density is None else min(planned, density)
+    words = [] if density is None else [density]
+    if row.depth == 0 and stats.rows is not None:
+        words.append(stats.rows - done)
     elif inside and stats.rows is not None and len(stats.bounds) > 1:
-        estimates.append(round(len(inside) * stats.rows / (len(stats.bounds) - 1)))
-    return max(0, *estimates) if estimates else None
+        words.append(round(len(inside) * stats.rows / (len(stats.bounds) - 1)))
+    if not words:
+        return row.planned
+    left = max(0, *words)
+    if row.planned is None and stats.rows is not None:
+        left = min(left, stats.rows)
+    return left
 
 
 def _describe(exc: BaseException) -> str:
