@@ -9,6 +9,9 @@ moved per request, four ways, side by side, without and with ``ATOMIC_REQUESTS``
              ``ShardedCount``
 * likes-incr - ``Video(pk=pk).likes.incr()``: the buffered count without ``update()``'s
              read of whether the object exists (its key trusted, as from a signed token)
+* upsert   - the sharded count's one statement written by hand: an ``INSERT … ON CONFLICT
+             DO UPDATE`` of a row per thread, raw SQL on Django's connection, the ceiling
+             of ``sharded`` (what one statement per request costs, with no library)
 * noop     - a view that does nothing: the framework's (and this machine's) ceiling
 
 The site (``examples/django_site``, its endpoints in ``benchmarks/site_bench``) runs
@@ -43,7 +46,7 @@ from http_load import Cell, free_port, serving, wrk
 HERE = Path(__file__).resolve().parent
 SITE = HERE.parent / "examples" / "django_site"
 DEFAULT_DATABASE = "postgresql://postgres@127.0.0.1:5432/shardkit_bench_site"
-MODES = ("column", "sharded", "buffered", "likes-incr", "noop")
+MODES = ("column", "sharded", "buffered", "likes-incr", "upsert", "noop")
 BASELINE = "column"
 # The least ratio to the plain column, without and with ATOMIC_REQUESTS.
 TARGETS = {False: {"sharded": 1.0, "buffered": 2.0}, True: {"sharded": 2.0}}
@@ -77,6 +80,12 @@ def prepare(database: str, cache: str) -> tuple[int, int]:
     from videos.models import Account, Video
 
     call_command("migrate", verbosity=0)
+    from django.db import connection
+
+    from site_bench.urls import HITS
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TABLE IF NOT EXISTS {HITS} (slot text PRIMARY KEY, n bigint)")
     video = Video.objects.order_by("pk").first() or Video.objects.create(title="bench")
     account = Account.objects.order_by("pk").first() or Account.objects.create(
         email="bench@example.com"
@@ -94,6 +103,14 @@ def count_of(mode: str, video: int, account: int) -> int:
         return Video.objects.get(pk=video).views.value(fresh=True)
     if mode in ("buffered", "likes-incr"):
         return Video.objects.get(pk=video).likes.value()
+    if mode == "upsert":
+        from django.db import connection
+
+        from site_bench.urls import HITS
+
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT coalesce(sum(n), 0) FROM {HITS}")
+            return int(cursor.fetchone()[0])
     return 0
 
 
@@ -142,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     atomics = {"both": [False, True], "off": [False], "on": [True]}[args.atomic]
     paths = {"column": f"/column/{account}", "sharded": f"/sharded/{video}"}
     paths |= {"buffered": f"/buffered/{video}", "likes-incr": f"/likes-incr/{video}"}
-    paths["noop"] = "/noop"
+    paths |= {"upsert": f"/upsert/{video}", "noop": "/noop"}
     cells: dict[tuple[bool, str], Cell] = {}
     console.print(
         f"gunicorn {args.workers} x {args.threads} (gthread), wrk {args.connections} "
@@ -220,6 +237,9 @@ def targets_line(cells: dict[tuple[bool, str], Cell], atomic: bool, modes: list[
             got = cells[atomic, mode].rate / cells[atomic, BASELINE].rate
             mark = "[green]✓[/]" if got >= least else "[red]✗[/]"
             parts.append(f"{mode} ÷ {BASELINE} {got:.2f}x (target ≥ {least:g}x) {mark}")
+    if "upsert" in modes and BASELINE in modes:
+        ceiling = cells[atomic, "upsert"].rate / cells[atomic, BASELINE].rate
+        parts.append(f"sharded's ceiling (upsert ÷ {BASELINE}) {ceiling:.2f}x")
     if "noop" in modes and BASELINE in modes:
         ceiling = cells[atomic, "noop"].rate / cells[atomic, BASELINE].rate
         parts.append(f"ceiling (noop ÷ {BASELINE}) {ceiling:.2f}x")

@@ -3,11 +3,17 @@
 Each answers ``ok`` after its update: ``/column/<pk>`` on a plain column,
 ``/sharded/<pk>`` and ``/buffered/<pk>`` on the video's sharded and buffered counts;
 ``/likes-incr/<pk>``, the buffered count's ``incr()`` on a video whose key is trusted (no
-read); and ``/noop``, the framework's ceiling. The site's own pages stay as they are.
+read); ``/upsert/<pk>``, the sharded count's one statement written by hand (a row per
+thread, raw SQL on Django's connection): its ceiling; and ``/noop``, the framework's
+ceiling. The site's own pages stay as they are.
 """
 
 from __future__ import annotations
 
+import os
+import threading
+
+from django.db import connection
 from django.db.models import F
 from django.http import HttpRequest, HttpResponse
 from django.urls import include, path
@@ -35,6 +41,19 @@ def likes_incr(request: HttpRequest, pk: int) -> HttpResponse:
     return HttpResponse(b"ok")
 
 
+HITS = "site_bench_hits"  # the upsert endpoint's rows: (slot, n), a slot per thread
+UPSERT = (
+    f"INSERT INTO {HITS} (slot, n) VALUES (%s, 1) "
+    f"ON CONFLICT (slot) DO UPDATE SET n = {HITS}.n + excluded.n"
+)
+
+
+def upsert(request: HttpRequest, pk: int) -> HttpResponse:
+    with connection.cursor() as cursor:
+        cursor.execute(UPSERT, [f"{os.getpid()}:{threading.get_ident()}"])
+    return HttpResponse(b"ok")
+
+
 def noop(request: HttpRequest) -> HttpResponse:
     return HttpResponse(b"ok")
 
@@ -44,6 +63,7 @@ urlpatterns = [
     path("sharded/<int:pk>", sharded),
     path("buffered/<int:pk>", buffered),
     path("likes-incr/<int:pk>", likes_incr),
+    path("upsert/<int:pk>", upsert),
     path("noop", noop),
     path("", include("django_site.urls")),
 ]

@@ -97,6 +97,11 @@ def check_interval(interval: object) -> float:
     return _seconds(interval, "interval", MIN_INTERVAL, MAX_TTL)
 
 
+def check_exists_ttl(ttl: object) -> float:
+    """Return ``ttl`` as a float if it is a number of seconds (not a bool) in 0 … 30 days."""
+    return _seconds(ttl, "exists_ttl", 0.0, MAX_TTL, zero=True)
+
+
 MAX_STRIPES = 256
 
 

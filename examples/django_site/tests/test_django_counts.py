@@ -20,7 +20,7 @@ from django.test import Client
 from shardkit.contrib.django import CountingQuerySet, NotACountingUpdate, ShardedCount, kit
 from shardkit.contrib.django.counts import check_managers
 from shardkit.contrib.django.store import DjangoStore
-from shardkit.errors import InvalidDelta
+from shardkit.errors import InvalidDelta, ValidationError
 from tests.conftest import HeldExecutor, statements_run
 from videos.models import Video
 
@@ -221,6 +221,51 @@ def test_a_counting_update_of_a_buffered_count_by_key_needs_no_read(database: st
         assert Video.objects.filter(pk=video.pk).update(likes=F("likes") + 1) == 1
     assert ran == ["SELECT"]  # whether it exists: nothing else would say
     assert video.likes.value() == 4
+
+
+def test_a_buffered_count_takes_an_object_seen_to_exist_as_existing(
+    database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    video, other = Video.objects.create(title="a"), Video.objects.create(title="b")
+    video.likes.incr()  # its counter has a generation: increments are cache commands only
+    with transaction.atomic(using=database):  # seen in a transaction that rolls back: unseen
+        assert Video.objects.filter(pk=video.pk).update(likes=F("likes") + 1) == 1
+        transaction.set_rollback(True, using=database)
+    with statements_run(database) as ran:
+        assert Video.objects.filter(pk=video.pk).update(likes=F("likes") + 1) == 1
+    assert ran == ["SELECT"]
+    with statements_run(database) as ran:
+        for _ in range(3):
+            assert Video.objects.filter(pk=str(video.pk)).update(likes=F("likes") + 1) == 1
+    assert ran == []  # seen: the increments are cache commands alone
+    assert video.likes.value() == 5
+    # Deleted elsewhere (another process, raw SQL): still taken as existing within the TTL.
+    with connections[database].cursor() as cursor:
+        cursor.execute("DELETE FROM videos_video WHERE id = %s", [video.pk])
+    assert Video.objects.filter(pk=video.pk).update(likes=F("likes") + 1) == 1
+    monkeypatch.setattr(Video.likes, "exists_ttl", 0.001)
+    start = time.monotonic()
+    while time.monotonic() - start <= 0.001:  # the sighting grows older than the TTL
+        time.sleep(0.001)
+    with statements_run(database) as ran:
+        assert Video.objects.filter(pk=video.pk).update(likes=F("likes") + 1) == 0
+    assert ran == ["SELECT"]
+    # Deleted through the ORM here: forgotten at once.
+    monkeypatch.undo()
+    assert Video.objects.filter(pk=other.pk).update(likes=F("likes") + 1) == 1
+    Video.objects.filter(pk=other.pk).delete()
+    with statements_run(database) as ran:
+        assert Video.objects.filter(pk=other.pk).update(likes=F("likes") + 1) == 0
+    assert ran == ["SELECT"]
+
+
+def test_exists_ttl_is_for_buffered_counts_only() -> None:
+    with pytest.raises(ValidationError, match="exists_ttl is for buffered counts"):
+        ShardedCount(exists_ttl=5)
+    for bad in (-1, "5", True, float("nan")):
+        with pytest.raises(ValidationError, match="exists_ttl"):
+            ShardedCount(buffered=True, exists_ttl=bad)  # type: ignore[arg-type]
+    assert ShardedCount(buffered=True, exists_ttl=5).exists_ttl == 5.0
 
 
 def test_a_counting_update_moves_cached_values_only_when_it_commits(database: str) -> None:

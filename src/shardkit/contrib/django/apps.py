@@ -11,7 +11,8 @@ from django.db.models.signals import post_migrate
 class ShardkitConfig(AppConfig):
     """Builds the kit from ``settings.SHARDKIT`` when Django is ready (reaching no
     server), and again whenever a test overrides that setting; checks that models with
-    counts have a counting manager (``shardkit.E001``). Its migrations create shardkit's
+    counts have a counting manager (``shardkit.E001``); watches the deletes of models whose
+    counts take objects seen to exist (``exists_ttl``) as existing. Its migrations create shardkit's
     tables in the database ``SHARDKIT['STORE']``, and every ``migrate`` creates those
     of them that are missing (a changed prefix, a table new in this version); the
     check ``shardkit.W001`` names missing tables (see ``schema``)."""
@@ -22,10 +23,11 @@ class ShardkitConfig(AppConfig):
 
     def ready(self) -> None:
         from .conf import configure, reconfigure
-        from .counts import check_managers
+        from .counts import check_managers, watch_deletes
         from .schema import check_tables, create_missing_tables
 
         configure()
+        watch_deletes()
         setting_changed.connect(reconfigure, dispatch_uid="shardkit.reconfigure")
         post_migrate.connect(
             create_missing_tables, sender=self, dispatch_uid="shardkit.create_missing_tables"

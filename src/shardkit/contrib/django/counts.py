@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import time
 from collections.abc import Sequence
 from functools import partial
 from typing import Any, Generic, TypeVar
@@ -35,7 +36,7 @@ from shardkit.counters import BufferedCounter, ShardedCounter
 from shardkit.counters.sharded import held_ticket, take_ticket
 from shardkit.errors import ValidationError
 from shardkit.kit import Kit
-from shardkit.validation import check_delta, check_interval, check_shards
+from shardkit.validation import check_delta, check_exists_ttl, check_interval, check_shards
 
 from .conf import database, kit
 from .store import DjangoStore
@@ -57,12 +58,34 @@ class ShardedCount:
     ``ShardedCount(buffered=True, interval=5)`` is a buffered counter: an increment goes
     to the cache when the caller's transaction commits (``on_commit``; at once outside a
     transaction) and is flushed to the store within about ``interval`` seconds.
+
+    A buffered count's counting ``update()`` filtered by primary key alone reads whether
+    the object exists (its return value says). With ``exists_ttl=30`` it takes an object
+    that this process saw exist in the last 30 seconds (read by such an update, in a
+    transaction that committed) as existing without reading it again: the increment is
+    then a cache command alone. A deletion through this process's ORM is seen at once
+    (``post_delete``, which also makes the model's deletes send signals rather than
+    delete in bulk); one elsewhere (another process, raw SQL) within ``exists_ttl``
+    seconds, until when such an update returns 1 for the deleted object and counts it.
     """
 
-    def __init__(self, shards: int = 20, *, buffered: bool = False, interval: float = 5.0):
+    def __init__(
+        self,
+        shards: int = 20,
+        *,
+        buffered: bool = False,
+        interval: float = 5.0,
+        exists_ttl: float = 0.0,
+    ):
         self.shards = check_shards(shards, 1_000_000)
         self.buffered = bool(buffered)
         self.interval = check_interval(interval)
+        self.exists_ttl = check_exists_ttl(exists_ttl)
+        if self.exists_ttl and not self.buffered:
+            raise ValidationError(
+                "exists_ttl is for buffered counts: a sharded count's statement finds the "
+                "object itself"
+            )
         self.name = ""
         self.model: type[models.Model] | None = None
 
@@ -116,6 +139,8 @@ class ShardedCount:
 
     def __repr__(self) -> str:
         kind = f"buffered, interval={self.interval}" if self.buffered else f"shards={self.shards}"
+        if self.exists_ttl:
+            kind += f", exists_ttl={self.exists_ttl}"
         return f"<ShardedCount {self.name} {kind}>"
 
 
@@ -220,7 +245,8 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
                 pks = [by_pk[0]] if base.filter(pk=by_pk[0]).update(**kwargs) else []
                 kwargs = {}
             elif by_pk is not None:
-                pks = [by_pk[0]] if self._exists(by_pk[0]) else []
+                ttl = min(counts[name].exists_ttl for name in deltas)
+                pks = [by_pk[0]] if self._exists(by_pk[0], ttl) else []
             else:
                 # In key order: concurrent updates take their shard rows' locks in one order.
                 pks = list(self.order_by("pk").values_list("pk", flat=True))
@@ -271,15 +297,23 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
             transaction.on_commit(partial(counter.applied, delta), using=self.db, robust=True)
         return pks
 
-    def _exists(self, pk: Any) -> bool:
-        """Whether the object ``pk`` exists: one statement, made once per model."""
+    def _exists(self, pk: Any, ttl: float) -> bool:
+        """Whether the object ``pk`` exists: seen by this process in the last ``ttl``
+        seconds, or else read (one statement, made once per model; a sighting once the
+        transaction commits)."""
+        seen = (self.db, self.model._meta.label_lower, self.model._meta.pk.to_python(pk))
+        if ttl and sightings.within(seen, ttl):
+            return True
         connection = connections[self.db]
         store = kit().store
         assert isinstance(store, DjangoStore)
         sql = _statement(self.db, store.shards_table.name, self.model, "exists")
         with connection.cursor() as cursor:
             cursor.execute(sql, [self.model._meta.pk.get_db_prep_value(pk, connection)])
-            return cursor.fetchone() is not None
+            found = cursor.fetchone() is not None
+        if found and ttl:
+            transaction.on_commit(partial(sightings.saw, seen), using=self.db)
+        return found
 
     update.alters_data = True  # type: ignore[attr-defined]
 
@@ -401,6 +435,61 @@ def _by_pk(query: Any) -> tuple[Any] | None:
     if target.model is not query.model or hasattr(lookup.rhs, "resolve_expression"):
         return None
     return (lookup.rhs,)
+
+
+class Sightings:
+    """When this process last saw objects exist, for counts with ``exists_ttl``: by
+    database alias, model label and key (the newest ``most``). Thread-safe."""
+
+    def __init__(self, most: int = 100_000) -> None:
+        self._seen: dict[tuple[str, str, Any], float] = {}  # oldest first
+        self._most = most
+        self._lock = threading.Lock()
+
+    def saw(self, seen: tuple[str, str, Any]) -> None:
+        with self._lock:
+            self._seen.pop(seen, None)
+            self._seen[seen] = time.monotonic()
+            if len(self._seen) > self._most:
+                del self._seen[next(iter(self._seen))]
+
+    def within(self, seen: tuple[str, str, Any], ttl: float) -> bool:
+        at = self._seen.get(seen)
+        return at is not None and time.monotonic() - at <= ttl
+
+    def forget(
+        self, sender: type[models.Model], instance: models.Model, using: str, **_: Any
+    ) -> None:
+        """``post_delete``'s receiver: forget the object now and when the delete commits
+        (an update that read it meanwhile may have seen it)."""
+        seen = (using, sender._meta.label_lower, instance.pk)
+        with self._lock:
+            self._seen.pop(seen, None)
+        transaction.on_commit(lambda: self._forget(seen), using=using)
+
+    def _forget(self, seen: tuple[str, str, Any]) -> None:
+        with self._lock:
+            self._seen.pop(seen, None)
+
+
+sightings = Sightings()
+
+
+def watch_deletes() -> None:
+    """Forget the objects deleted through the ORM of models whose counts have
+    ``exists_ttl`` (connected once Django's models are loaded: a model inherits the
+    counts of an abstract one)."""
+    from django.apps import apps
+    from django.db.models.signals import post_delete
+
+    for model in apps.get_models():
+        if any(count.exists_ttl for count in counts_of(model).values()):
+            post_delete.connect(
+                sightings.forget,
+                sender=model,
+                weak=False,
+                dispatch_uid=f"shardkit.sightings.{model._meta.label_lower}",
+            )
 
 
 _tickets = threading.local()
