@@ -476,7 +476,7 @@ def run_shardkit(keys: Keys, args: argparse.Namespace, prefix: str, *, traced: b
     work = make_work(keys, args)
 
     def fn(batch: Batch) -> None:
-        work(batch.conn, [row["id"] for row in batch.rows])
+        work(batch.conn, [row.id for row in batch.records])
 
     def nothing(batch: Batch) -> None:
         return None

@@ -320,6 +320,28 @@ def test_a_filtered_select_visits_only_its_rows(kit: shardkit.Kit, tables: Table
     assert_estimate(status, 300, tables.engine)
 
 
+def test_a_batch_holds_its_rows_as_read_and_as_mappings(kit: shardkit.Kit, tables: Tables) -> None:
+    table = tables.create("rec", _pk("id", sa.Integer), sa.Column("v", sa.Integer, nullable=False))
+    with tables.engine.begin() as conn:
+        conn.execute(table.insert(), [{"id": i, "v": 2 * i} for i in range(1, 51)])
+    seen: list[tuple[int, int, int]] = []
+    lock = threading.Lock()
+
+    def fn(batch: Batch) -> None:
+        assert all(isinstance(row, sa.Row) for row in batch.records)
+        assert batch.rows is batch.rows  # the mappings are made once, when first asked for
+        with lock:
+            seen.extend(
+                (row.id, row.v, mapped["v"])
+                for row, mapped in zip(batch.records, batch.rows, strict=True)
+            )
+
+    # The key is not the first column: pages are cut at the key, wherever it is.
+    job = kit.map(sa.select(table.c.v, table.c.id), fn, key="id", page_size=7)
+    assert job.wait(WAIT).rows == 50
+    assert sorted(seen) == [(i, 2 * i, 2 * i) for i in range(1, 51)]
+
+
 def assert_estimate(status: shardkit.mapper.JobStatus, rows: int, engine: sa.Engine) -> None:
     """The job's progress estimate: SQLite's count; PostgreSQL's planner, after its
     autovacuum or our ANALYZE, near the truth, and without them a guess from the table's
@@ -1311,7 +1333,7 @@ def test_a_select_source_travels_signed(spec_engine: tuple[sa.Engine, sa.Table])
     rebuilt = MapSpec.loads(text, engine, signer)
     with engine.connect() as conn:
         rows = rebuilt.source.page(conn, KeyRange(), None, 100)
-    assert [row["k"] for row in rows] == [5, 6, 7, 8, 9]
+    assert [row.k for row in rows] == [5, 6, 7, 8, 9]
 
 
 def test_an_importable_function_travels_by_reference(

@@ -23,7 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.engine import Connection, RowMapping
+from sqlalchemy.engine import Connection, Row
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import ClauseElement, Executable
 
@@ -105,6 +105,8 @@ class TableSource:
             raise ConfigurationError(f"the source has no column {unknown[0]!r} to key on")
         self.key = tuple(names)
         self._columns = [self._from.c[name] for name in names]
+        # Where the key's columns are in a page's rows (all the source's columns).
+        self._positions = [list(self._from.c.keys()).index(name) for name in names]
         # Statements by shape (see _edges), built once.
         self._pages: dict[tuple[str, ...], sa.Select[Any]] = {}
         self._ties: sa.Select[Any] | None = None
@@ -153,7 +155,7 @@ class TableSource:
 
     def page(
         self, conn: Connection, rng: KeyRange, after: Key | None, limit: int
-    ) -> list[RowMapping]:
+    ) -> list[Row[Any]]:
         edges, params = self._edges(rng, after)
         statement = self._pages.get(edges)
         if statement is None:
@@ -164,26 +166,26 @@ class TableSource:
                 .limit(sa.bindparam("shardkit_limit", type_=sa.Integer))
             )
         params["shardkit_limit"] = limit
-        rows = list(conn.execute(statement, params).mappings().all())
+        rows = list(conn.execute(statement, params).all())
         if len(rows) == limit and not self._unique and _may_tie(self.key_of(rows[-1])):
             return self._with_ties(conn, rows)
         return rows
 
-    def _with_ties(self, conn: Connection, rows: list[RowMapping]) -> list[RowMapping]:
+    def _with_ties(self, conn: Connection, rows: list[Row[Any]]) -> list[Row[Any]]:
         """A full page, its end moved past every row whose key equals its last key in
         the database's order: read them, and replace the page's rows of the same exact
         keys (its tail) with them. One index probe; usually the last row alone."""
         if self._ties is None:
             self._ties = sa.select(self._from).where(self._key_expr() == self._bound("tie"))
         last = self._params("tie", self.key_of(rows[-1]))
-        tail = conn.execute(self._ties, last).mappings().all()
+        tail = conn.execute(self._ties, last).all()
         keys = {self.key_of(row) for row in tail}
         return [row for row in rows if self.key_of(row) not in keys] + list(tail)
 
     def key_of(self, row: Any) -> Key:
-        if len(self.key) == 1:
-            return row[self.key[0]]  # type: ignore[no-any-return]
-        return tuple(row[name] for name in self.key)
+        if len(self._positions) == 1:
+            return row[self._positions[0]]  # type: ignore[no-any-return]
+        return tuple(row[i] for i in self._positions)
 
     def bounds(self, conn: Connection, rng: KeyRange, after: Key | None) -> tuple[Key, Key] | None:
         edges, params = self._edges(rng, after)
@@ -194,7 +196,9 @@ class TableSource:
                 sa.select(*self._columns).where(*self._where(edges)).order_by(*order).limit(1),
                 params,
             ).first()
-            return None if row is None else self.key_of(row._mapping)
+            if row is None:
+                return None
+            return row[0] if len(self._columns) == 1 else tuple(row)
 
         low = edge(descending=False)
         high = edge(descending=True)
