@@ -493,7 +493,9 @@ def test_a_range_planned_at_a_leaf_goes_on_in_place(kit: shardkit.Kit, tables: T
             )
         }
     parents = {row.parent for row in ranges.values()}
-    leaf = max(fanout * page_size, rows // fanout**2)
+    assert isinstance(kit.executor, LocalExecutor)
+    assert status.estimate is not None
+    leaf = max(fanout * page_size, status.estimate // kit.executor.workers)  # one per worker
     few = [row for row in ranges.values() if (row.planned or 1e9) <= leaf + page_size]
     # Visited in place, page after page.
     assert any(row.pages > 2 for row in few)
@@ -832,7 +834,8 @@ def test_finished_ranges_leave_completing_the_job_to_the_last(
     monkeypatch.setattr(ledger, "any_pending", any_pending)
     sa.event.listen(engine, "commit", count)
     try:
-        job = kit.map(table, add_ten(table), transactional=True, page_size=10)
+        # No statistics: split by key arithmetic into ranges of a few pages, many of them.
+        job = kit.map(Unplanned(table, "k"), add_ten(table), transactional=True, page_size=10)
         status = job.wait(WAIT)
     finally:
         sa.event.remove(engine, "commit", count)
@@ -877,6 +880,28 @@ def test_running_finished_ranges_again_changes_nothing(kit: shardkit.Kit, tables
     assert values(kit, table) == plus(initial, 10)
     assert job.status() == before
     assert calls == [600]
+
+
+def test_retries_count_the_failures_of_one_page_not_of_a_whole_range(
+    kit: shardkit.Kit, tables: Tables
+) -> None:
+    table, initial = key_table(tables, "sequential", 600)
+    failed: set[Any] = set()
+    apply = add_ten(table)
+
+    def fn(batch: Batch) -> None:
+        first = batch.records[0].k
+        if first not in failed:  # every page fails once, then goes through
+            failed.add(first)
+            raise RuntimeError(f"the page at {first} failed once")
+        apply(batch)
+
+    # One range of 20 pages (fanout 1): 20 failures, never two in a row.
+    job = kit.map(table, fn, transactional=True, page_size=30, fanout=1, retries=1)
+    status = job.wait(WAIT)
+
+    assert values(kit, table) == plus(initial, 10)
+    assert (status.state, status.rows, status.failures) == ("complete", 600, 20)
 
 
 def test_a_failed_job_resumes_where_it_stopped(kit: shardkit.Kit, tables: Tables) -> None:
@@ -987,7 +1012,7 @@ def test_a_page_outside_any_transaction_holds_no_connection_while_fn_runs(
     assert set(held) == {0}
 
 
-def test_a_ledger_made_before_planned_rows_gains_the_column(
+def test_a_ledger_made_before_planned_rows_and_tries_gains_the_columns(
     kit: shardkit.Kit, tables: Tables, store_url: str
 ) -> None:
     prefix = f"{PREFIX}v0{uuid4().hex[:6]}_"
@@ -995,8 +1020,9 @@ def test_a_ledger_made_before_planned_rows_gains_the_column(
     earlier = SqlStore(engine, prefix=prefix)
     try:
         earlier.create_schema()
-        with engine.begin() as conn:  # as the tables were made before `planned`
+        with engine.begin() as conn:  # as the tables were made before `planned` and `tries`
             conn.exec_driver_sql(f"ALTER TABLE {prefix}ranges DROP COLUMN planned")
+            conn.exec_driver_sql(f"ALTER TABLE {prefix}ranges DROP COLUMN tries")
         table, initial = key_table(tables, "sequential", 300)
         with shardkit.connect(store_url, "memory://", prefix=prefix) as later:
             job = later.map(table, add_ten(table), transactional=True, page_size=20, fanout=2)

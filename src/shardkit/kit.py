@@ -477,11 +477,12 @@ class Kit(KitCore[Counter]):
         ``page_size`` rows splits into up to ``fanout`` ranges, cut where the database's
         statistics (its histogram of the key) or key arithmetic aim and placed at real
         keys by index probes — no range is read to plan it; a range planned at a leaf's
-        size (``rows / fanout**2``, at least ``fanout`` pages) or less goes on in place,
-        so set ``fanout`` to about the workers that run the job. With ``transactional``,
-        ``batch.conn`` is the transaction that commits the page's checkpoint: fn's writes
-        through it happen exactly once. Otherwise each page is visited at least once. A
-        page is retried up to ``retries`` times, then the job fails.
+        size or less goes on in place: ``rows / workers`` with a local executor (a leaf
+        per worker), ``rows / fanout**2`` with another, at least ``fanout`` pages. With
+        ``transactional``, ``batch.conn`` is the transaction that commits the page's
+        checkpoint: fn's writes through it happen exactly once. Otherwise each page is
+        visited at least once. A failing page is retried up to ``retries`` times (a
+        range's failures count again from its next page), then the job fails.
         ``on_complete(completion)`` runs once, in the transaction that marks the job
         complete. ``fn`` and ``on_complete`` may be import paths
         (``"package.module:name"``). Starting a ``job`` id that exists resumes that job.

@@ -153,6 +153,7 @@ class RangeLedger:
         values: dict[str, Any] = {
             "after": sa.bindparam("p_after"),
             "rows": r.c.rows + sa.bindparam("p_rows"),
+            "tries": 0,  # a page went through: a later failure is the next page's first
         }
         if count_page:
             values["pages"] = r.c.pages + 1
@@ -276,7 +277,7 @@ class RangeLedger:
         statement = (
             sa.update(self.ranges)
             .where(self.ranges.c.job == job, self.ranges.c.state == PENDING)
-            .values(failures=0)
+            .values(failures=0, tries=0)
         )
         self.store.transaction(f"resuming job {job!r}", lambda conn: conn.execute(statement))
 
@@ -376,15 +377,18 @@ class RangeLedger:
         return ids
 
     def record_failure(self, job: str, range_id: str, error: str) -> int:
-        """Count a failed attempt at a pending range; return its failures so far (0 if
-        the range is no longer pending)."""
+        """Count a failed attempt at a pending range (in its ``failures``, and in its
+        ``tries``, which its next checkpoint resets); return its tries: the failed
+        attempts since its last page (0 if the range is no longer pending)."""
         r = self.ranges
         bump = (
             sa.update(r)
             .where(self._range_is(job, range_id), r.c.state == PENDING)
-            .values(failures=r.c.failures + 1, error=error)
+            .values(
+                failures=r.c.failures + 1, tries=sa.func.coalesce(r.c.tries, 0) + 1, error=error
+            )
         )
-        read = sa.select(r.c.failures).where(self._range_is(job, range_id))
+        read = sa.select(r.c.tries).where(self._range_is(job, range_id))
 
         def work(conn: Connection) -> int:
             if conn.execute(bump).rowcount != 1:

@@ -5,9 +5,10 @@ arguments ``{"job", "range"}``) takes one page of its range, hands it to the job
 function and checkpoints, page after page. After a full page it decides whether to split
 what is left of its range into up to ``fanout`` children, from what the database already
 knows and a few index probes — never by reading the range (see ``Mapper._plan``). A
-range planned at a leaf's size or less goes on in place. The tree grows until its leaves
-hold about ``rows / fanout**2`` rows (at least ``fanout`` pages), and again wherever a
-range holds more rows than planned.
+range planned at a leaf's size or less goes on in place. The tree grows until it has
+about a leaf per worker of a local executor (``fanout**2`` leaves on another: a Celery
+deployment's workers are not known here), each at least ``fanout`` pages, and again
+wherever a range holds more rows than planned.
 
 Transactional jobs run the page, the function and the checkpoint in one transaction on
 the store's database: exactly once. Others call the function outside any transaction
@@ -449,7 +450,8 @@ class Mapper:
         the range.
 
         A range goes on in place while what its plan leaves is a leaf's size or less:
-        ``rows / fanout**2`` of the source's estimated rows, at least ``fanout`` pages. A
+        the source's estimated rows over the leaves the tree aims at (``_leaves``), at
+        least ``fanout`` pages. A
         range with no plan (the root), or past it (more rows than planned), estimates
         what is left from the database's statistics (the histogram's bounds past its
         checkpoint, each bucket an equal share of the rows; the root: the row estimate)
@@ -466,7 +468,7 @@ class Mapper:
         if spec.fanout < 2:  # one cursor, never split
             return None, row.planned
         stats = self._statistics(job, spec)
-        leaf = max(spec.fanout * spec.page_size, (stats.rows or 0) // spec.fanout**2)
+        leaf = max(spec.fanout * spec.page_size, (stats.rows or 0) // self._leaves(spec))
         done = row.visited + len(rows)
         if row.planned is not None and 0 < row.planned - done <= leaf:
             return None, row.planned
@@ -492,6 +494,13 @@ class Mapper:
         if not points:  # no room for a cut: go on, planned at the estimate
             return None, done + left
         return _children(row.range, points, after, left), row.planned
+
+    def _leaves(self, spec: MapSpec) -> int:
+        """How many leaves a job's tree aims at: one per worker of a local executor;
+        ``fanout**2`` elsewhere (a Celery deployment's workers are not known here)."""
+        if isinstance(self.executor, LocalExecutor):
+            return self.executor.workers
+        return spec.fanout**2
 
     # -- completion and failure ----------------------------------------------------------
 
@@ -522,21 +531,22 @@ class Mapper:
             log.warning("job %s: completing failed: %s", job, error)
 
     def _failed(self, job: str, range_id: str, exc: Exception) -> None:
-        """Count a failed attempt and retry the range later, until ``retries`` is spent;
-        then fail the job."""
+        """Count a failed attempt and retry the range later, until ``retries`` attempts
+        in a row have failed (with no page gone through between them: a long range may
+        meet a passing failure on many of its pages); then fail the job."""
         error = _describe(exc)
         try:
             spec = self._spec(job)
             if spec is None:
                 return  # the job stopped: nothing to retry
-            failures = self.ledger.record_failure(job, range_id, error)
-            if failures == 0:
+            tries = self.ledger.record_failure(job, range_id, error)
+            if tries == 0:
                 return
-            if failures > spec.retries:
+            if tries > spec.retries:
                 self._set_state(job, FAILED, when=[RUNNING], error=error)
                 log.warning("job %s failed: range %s: %s", job, range_id, error)
                 return
-            delay = min(_MAX_RETRY_DELAY, _RETRY_DELAY * 2 ** (failures - 1))
+            delay = min(_MAX_RETRY_DELAY, _RETRY_DELAY * 2 ** (tries - 1))
             log.info("job %s: range %s failed (%s), retry in %.2f s", job, range_id, error, delay)
             self._submit(job, [range_id], delay)
         except ShardkitError as again:

@@ -428,6 +428,7 @@ class SqlCore:
             sa.Column("planned", sa.BigInteger),  # rows its parent planned in it
             sa.Column("pages", sa.Integer, nullable=False),
             sa.Column("failures", sa.Integer, nullable=False),
+            sa.Column("tries", sa.Integer),  # failed attempts since its last page
             sa.Column("error", sa.Text),
             sa.Column("created_at", sa.Double, nullable=False),
             sa.Column("done_at", sa.Double),
@@ -508,8 +509,8 @@ class SqlCore:
 
     def add_missing_columns(self, conn: Connection) -> None:
         """Add to tables made by an earlier version the nullable columns they lack (a
-        range's ``planned`` rows). Idempotent; a concurrent caller's addition makes this
-        one fail, and a second look finds the column there."""
+        range's ``planned`` rows, its ``tries``). Idempotent; a concurrent caller's
+        addition makes this one fail, and a second look finds the column there."""
         table = self.ranges_table
         have = {column["name"] for column in sa.inspect(conn).get_columns(table.name)}
         name = conn.dialect.identifier_preparer.format_table(table)

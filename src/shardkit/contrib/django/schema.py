@@ -20,7 +20,7 @@ from django.core import checks
 from django.db import DatabaseError, connections, router
 from django.db.migrations.recorder import MigrationRecorder
 
-from .conf import database, options, store_on
+from .conf import database, migration_store, options, store_on
 from .store import DjangoStore
 
 _INITIAL = ("shardkit", "0001_initial")
@@ -55,6 +55,13 @@ def create_missing_tables(*, using: str, verbosity: int = 1, **kwargs: Any) -> N
             f"  Created shardkit's tables {', '.join(missing)} "
             f"(SHARDKIT['PREFIX'] {options()['PREFIX']!r})\n"
         )
+
+
+def add_missing_columns(apps: Any, schema_editor: Any) -> None:
+    """A migration's ``RunPython``: add to the ledger made by an earlier version the
+    columns it lacks (``SqlCore.add_missing_columns``)."""
+    store = migration_store(schema_editor)
+    store.transaction("adding missing columns", store.add_missing_columns)
 
 
 def check_tables(
