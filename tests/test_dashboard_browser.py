@@ -24,6 +24,7 @@ import sqlalchemy as sa
 import shardkit
 from conftest import CACHE_URLS, PREFIX, free_port, numbered_table, store_url_for, wait_for
 from servers import unavailable
+from shardkit.executor import LocalExecutor
 from shardkit.store.sql import SqlStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +39,10 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def kit(sqlite_url: str) -> Iterator[shardkit.Kit]:
     store, cache = store_url_for("postgres", sqlite_url), CACHE_URLS["redis"]
-    with shardkit.connect(store, cache, prefix=PREFIX) as the_kit:
+    # More workers than the job's fanout (4): its tree aims at a leaf per worker, so
+    # the root's children split again, and the drawn tree grows as they do.
+    executor = LocalExecutor(workers=16)
+    with shardkit.connect(store, cache, prefix=PREFIX, executor=executor) as the_kit:
         yield the_kit
 
 
