@@ -451,12 +451,12 @@ class Mapper:
 
         A range goes on in place while what its plan leaves is a leaf's size or less:
         the source's estimated rows over the leaves the tree aims at (``_leaves``), at
-        least ``fanout`` pages. A
-        range with no plan (the root), or past it (more rows than planned), estimates
-        what is left from the database's statistics (the histogram's bounds past its
-        checkpoint, each bucket an equal share of the rows; the root: the row estimate)
-        and from the page it read (as many keys per page past it, up to its largest key),
-        taking the larger; then goes on planned at that, or splits. The children are cut
+        least ``fanout`` pages. A range with no plan (the root), or past it (more rows
+        than planned), estimates what is left from the database's statistics (the
+        histogram's bounds past its checkpoint, each bucket an equal share of the rows;
+        the root: the row estimate) and from the page it read (as many keys per page past
+        it, up to its largest key), taking the larger; then goes on planned at that, or
+        splits. The children are cut
         at the histogram's bounds where it has enough of them inside, else at even steps
         of key arithmetic; the database places each cut at a real key (``seek``), so
         neither stale statistics nor a collation can make a partition wrong, only uneven

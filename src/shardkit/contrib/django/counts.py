@@ -301,9 +301,11 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
         """Whether the object ``pk`` exists: seen by this process in the last ``ttl``
         seconds, or else read (one statement, made once per model; a sighting once the
         transaction commits)."""
-        seen = (self.db, self.model._meta.label_lower, self.model._meta.pk.to_python(pk))
-        if ttl and sightings.within(seen, ttl):
-            return True
+        seen = None
+        if ttl:
+            seen = (self.db, self.model._meta.label_lower, self.model._meta.pk.to_python(pk))
+            if sightings.within(seen, ttl):
+                return True
         connection = connections[self.db]
         store = kit().store
         assert isinstance(store, DjangoStore)
@@ -311,7 +313,7 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
         with connection.cursor() as cursor:
             cursor.execute(sql, [self.model._meta.pk.get_db_prep_value(pk, connection)])
             found = cursor.fetchone() is not None
-        if found and ttl:
+        if found and seen is not None:
             transaction.on_commit(partial(sightings.saw, seen), using=self.db)
         return found
 
@@ -463,8 +465,7 @@ class Sightings:
         """``post_delete``'s receiver: forget the object now and when the delete commits
         (an update that read it meanwhile may have seen it)."""
         seen = (using, sender._meta.label_lower, instance.pk)
-        with self._lock:
-            self._seen.pop(seen, None)
+        self._forget(seen)
         transaction.on_commit(lambda: self._forget(seen), using=using)
 
     def _forget(self, seen: tuple[str, str, Any]) -> None:
