@@ -19,6 +19,10 @@ costs.
              and the cut points sorted by the database: ``SELECT unnest(CAST(:points AS
              text[])) ORDER BY 1``), and walk each range with a keyset loop in a thread
              and connection of its own. Its time includes reading min and max
+* balanced - the same threads, cut where each range holds the same number of rows (the
+             keys' quantiles, ``percentile_disc``, read before the clock starts): a split
+             no user has without sorting every key first, and so the ceiling of any split
+             of the table into ``--workers`` ranges on this machine
 * keyset   - one loop: ``SELECT … WHERE id > :last ORDER BY id LIMIT :page``, the work
 * offset   - one loop: ``SELECT … ORDER BY id LIMIT :page OFFSET :offset``, the work;
              stopped after ``--offset-seconds`` and extrapolated to the whole table (not
@@ -108,8 +112,8 @@ from shardkit.mapper.keys import interpolate
 from shardkit.store.sql import SqlStore, engine_from_url
 
 DEFAULT_STORE = "postgresql://postgres@127.0.0.1:5432/test"
-MODES = ("shardkit", "fixed", "keyset", "offset")
-DEFAULT_MODES = ["shardkit", "fixed", "keyset"]
+MODES = ("shardkit", "fixed", "balanced", "keyset", "offset")
+DEFAULT_MODES = ["shardkit", "fixed", "balanced", "keyset"]
 FNS = ("update", "noop")
 # The issue's targets, for fn = update with 5 ms of I/O wait per page (the throughput
 # ratios) and for fn = noop (the tuples read per row).
@@ -363,15 +367,37 @@ def cut_points(conn: sa.Connection, keys: Keys, low: Any, high: Any, parts: int)
     return [p for p, _ in itertools.groupby(ordered)]
 
 
-def run_fixed(keys: Keys, args: argparse.Namespace) -> Result:
+def quantiles(conn: sa.Connection, keys: Keys, parts: int) -> list[Any]:
+    """The keys that cut the table into ``parts`` ranges of equal row counts, found by
+    sorting every key (``percentile_disc``): what only a full read can tell."""
+    fractions = [i / parts for i in range(1, parts)]
+    points = conn.execute(
+        sa.text(
+            "SELECT percentile_disc(CAST(:fractions AS float8[])) WITHIN GROUP (ORDER BY id) "
+            f"FROM {keys.table}"
+        ),
+        {"fractions": fractions},
+    ).scalar_one()
+    return [p for p, _ in itertools.groupby(points)]
+
+
+def run_fixed(keys: Keys, args: argparse.Namespace, *, balanced: bool = False) -> Result:
+    """The hand-written split, cut by key arithmetic (timed), or ``balanced``: cut at the
+    rows' quantiles, found before the clock starts."""
     work = make_work(keys, args)
     engine = engine_from_url(args.store, pool_size=args.workers)
     try:
         warm(engine, args.workers)
+        if balanced:
+            with engine.connect() as conn:
+                points = quantiles(conn, keys, args.workers)
         start = clock()
-        with engine.connect() as conn:
-            low, high = conn.execute(sa.text(f"SELECT min(id), max(id) FROM {keys.table}")).one()
-            points = cut_points(conn, keys, low, high, args.workers)
+        if not balanced:
+            with engine.connect() as conn:
+                low, high = conn.execute(
+                    sa.text(f"SELECT min(id), max(id) FROM {keys.table}")
+                ).one()
+                points = cut_points(conn, keys, low, high, args.workers)
         bounds = [None, *points, None]
         with ThreadPoolExecutor(len(bounds) - 1) as pool:
             counts = list(
@@ -386,11 +412,12 @@ def run_fixed(keys: Keys, args: argparse.Namespace) -> Result:
     finally:
         engine.dispose()
     visited = sum(counts)
+    where = "at the rows' quantiles" if balanced else f"between min {low} and max {high}"
     note = (
-        f"{len(counts)} ranges between min {low} and max {high}; the busiest held "
+        f"{len(counts)} ranges {where}; the busiest held "
         f"{max(counts) / max(1, visited):.0%} of the rows"
     )
-    return Result(keys.kind, "fixed", visited, seconds, cpu, note=note)
+    return Result(keys.kind, "balanced" if balanced else "fixed", visited, seconds, cpu, note=note)
 
 
 def run_offset(keys: Keys, args: argparse.Namespace) -> Result:
@@ -781,6 +808,8 @@ def runs(
                 )
         elif mode == "fixed":
             chosen.append((mode, lambda: run_fixed(keys, args), True))
+        elif mode == "balanced":
+            chosen.append((mode, lambda: run_fixed(keys, args, balanced=True), True))
         elif mode == "keyset":
             chosen.append((mode, lambda: run_keyset(keys, args), True))
         else:
@@ -961,6 +990,13 @@ def targets(results: list[Result], args: argparse.Namespace) -> list[str]:
             beside = (
                 f"; fixed ÷ keyset {rate(fixed, args) / rate(base, args):.2f}x" if fixed else ""
             )
+            ceiling = find(results, kind, "balanced")
+            if ceiling:
+                beside += (
+                    f"; this machine's ceiling, balanced ÷ keyset "
+                    f"{rate(ceiling, args) / rate(base, args):.2f}x (shardkit ÷ balanced "
+                    f"{rate(fast, args) / rate(ceiling, args):.2f}x)"
+                )
             lines.append(
                 f"target, {kind} keys: shardkit ÷ keyset ≥ {goal:g}x{speed_note}: "
                 f"{ratio:.2f}x {mark(ratio >= goal)}{beside}"

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from shardkit.cache import Cache
+from conftest import wait_for
+from shardkit.cache import Cache, MemoryCache
 from shardkit.errors import ConfigurationError
 from shardkit.executor import LocalExecutor, Marks
 
@@ -61,6 +62,31 @@ def test_tasks_run_with_their_arguments_after_their_delay(cache: Cache, namespac
     (first, args_a, _), (second, args_b, ran_b) = recorder.calls
     assert (first, args_a, second, args_b) == ("a", {"n": 1}, "b", {"n": 2})
     assert ran_b - submitted >= 0.3
+
+
+def test_idle_counts_the_workers_waiting_with_nothing_queued() -> None:
+    executor = LocalExecutor(workers=2)
+    release = threading.Event()
+    started = threading.Semaphore(0)
+
+    def hold(args: Mapping[str, Any]) -> None:
+        started.release()
+        assert release.wait(10)
+
+    executor.bind({"hold": hold}, Marks(MemoryCache(), lambda name: name))
+    try:
+        assert executor.idle == 0  # no thread yet: none waits
+        executor.submit("hold", {})
+        assert started.acquire(timeout=10)
+        wait_for(lambda: executor.idle == 1, "the other worker to wait")
+        executor.submit("hold", {})
+        assert started.acquire(timeout=10)
+        assert executor.idle == 0  # both hold a task
+        executor.submit("hold", {})  # queued: no worker is free for it
+        assert executor.idle == 0
+    finally:
+        release.set()
+        executor.close()
 
 
 def test_a_deduplicated_name_runs_once_per_window(cache: Cache, namespace: str) -> None:

@@ -474,7 +474,12 @@ def test_planning_reads_a_few_keys_per_split_never_a_range(
     assert abs(status.estimate - rows) <= rows // 10
 
 
-def test_a_range_planned_at_a_leaf_goes_on_in_place(kit: shardkit.Kit, tables: Tables) -> None:
+def test_a_range_planned_at_a_leaf_goes_on_in_place(
+    kit: shardkit.Kit, tables: Tables, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No worker counts as idle: ranges split by their plans alone (the next test splits
+    # one for an idle worker).
+    monkeypatch.setattr(LocalExecutor, "idle", property(lambda self: 0))
     rows, page_size, fanout = 6000, 20, 4
     table, initial = key_table(tables, "skewed", rows)
     job = kit.map(table, add_ten(table), transactional=True, page_size=page_size, fanout=fanout)
@@ -506,6 +511,57 @@ def test_a_range_planned_at_a_leaf_goes_on_in_place(kit: shardkit.Kit, tables: T
             rng = KeyRange(load_key(row.lo), load_key(row.hi))
             held = [key for key in initial if rng.contains(key) and (start is None or key > start)]
             assert len(held) > row.planned
+
+
+def test_a_range_within_its_plan_splits_for_an_idle_worker(store_url: str) -> None:
+    rows, page_size = 4000, 50
+    with shardkit.connect(store_url, prefix=PREFIX, executor=LocalExecutor(workers=2)) as kit:
+        made = Tables(sql_store(kit).engine)
+        try:
+            table, initial = key_table(made, "sequential", rows)
+            source = Misinformed(table, "k")
+            source.rows = rows  # two leaves of 2,000 planned rows, one per worker
+            seen: list[int] = []  # outside any transaction: SQLite's would block the other
+            high_done = threading.Event()
+
+            def fn(batch: Batch) -> None:
+                keys = [record.k for record in batch.records]
+                seen.extend(keys)
+                if keys[-1] == rows:  # the high leaf's last page
+                    high_done.set()
+                elif keys[0] == page_size + 1:  # the low leaf's first (the root took 1…50)
+                    # Held until the high leaf has ended and its worker waits for work.
+                    assert high_done.wait(WAIT)
+                    executor = kit.executor
+                    assert isinstance(executor, LocalExecutor)
+                    wait_for(lambda: executor.idle == 1, "the high leaf's worker to idle", WAIT)
+
+            job = kit.map(source, fn, page_size=page_size, fanout=2)
+            status = job.wait(WAIT)
+
+            assert sorted(seen) == sorted(initial)
+            assert status.rows == rows
+            r = sql_store(kit).ranges_table
+            with sql_store(kit).engine.connect() as conn:
+                ranges = list(conn.execute(sa.select(r).where(r.c.job == job.id)))
+            root = KeyRange().id(job.id)
+            leaves = [row for row in ranges if row.parent == root]
+            assert len(leaves) == 2
+            low, high = sorted(leaves, key=lambda row: row.hi is None)  # high: unbounded
+            children = {row.parent for row in ranges}
+            # Both leaves held what they were planned at; only the one that ran on while a
+            # worker was idle split, in two (never below fanout pages each).
+            low_range = KeyRange(None, load_key(low.hi))
+            held = sum(1 for key in initial if key > page_size and low_range.contains(key))
+            assert held <= low.planned
+            assert low.id in children
+            assert high.id not in children
+            halves = [row for row in ranges if row.parent == low.id]
+            assert len(halves) == 2
+            assert all(row.planned >= 2 * page_size for row in halves)
+        finally:
+            kit.executor.close()
+            made.metadata.drop_all(made.engine)
 
 
 @pytest.mark.parametrize("planned", [True, False])

@@ -61,11 +61,19 @@ class LocalExecutor:
         self._arrived: collections.deque[_Entry] = collections.deque()  # from outside: FIFO
         self._followups: list[_Entry] = []  # from the workers' tasks: a stack
         self._threads: list[threading.Thread] = []
+        self._waiting = 0  # workers waiting for a task
         self._timer: threading.Thread | None = None
         self._closed = False
 
     def __repr__(self) -> str:
         return f"<LocalExecutor workers={self.workers}>"
+
+    @property
+    def idle(self) -> int:
+        """How many workers wait with no task queued for them: what a running task may
+        hand work to (a mapping range splits for them)."""
+        with self._lock:
+            return max(0, self._waiting - len(self._arrived) - len(self._followups))
 
     def bind(self, tasks: Mapping[str, Task], marks: Marks) -> None:
         self._tasks = tasks
@@ -117,7 +125,11 @@ class LocalExecutor:
                 while not (self._arrived or self._followups):
                     if self._closed:
                         return
-                    self._ready.wait()
+                    self._waiting += 1
+                    try:
+                        self._ready.wait()
+                    finally:
+                        self._waiting -= 1
                 task, args = self._arrived.popleft() if self._arrived else self._followups.pop()
             self._run(task, args)
 

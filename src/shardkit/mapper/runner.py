@@ -8,7 +8,8 @@ knows and a few index probes — never by reading the range (see ``Mapper._plan`
 range planned at a leaf's size or less goes on in place. The tree grows until it has
 about a leaf per worker of a local executor (``fanout**2`` leaves on another: a Celery
 deployment's workers are not known here), each at least ``fanout`` pages, and again
-wherever a range holds more rows than planned.
+wherever a range holds more rows than planned, or a local executor's worker waits with
+nothing to do (split on demand).
 
 Transactional jobs run the page, the function and the checkpoint in one transaction on
 the store's database: exactly once. Others call the function outside any transaction
@@ -127,6 +128,7 @@ class Mapper:
         self._unrecorded: dict[tuple[str, str], int] = {}  # failures the store missed
         self._failures = FailureLog(log)
         self._finished = 0  # how many times it has
+        self._claims: dict[int, int] = {}  # idle workers claimed by a range's run, by thread
 
     # -- news for waiters ----------------------------------------------------------------
 
@@ -294,15 +296,18 @@ class Mapper:
                 self._estimate(job, spec)
             row: RangeRow | None = None  # the range as this run left it: read it first
             while True:
-                step = self._step(job, range_id, spec, row)
+                try:
+                    step = self._step(job, range_id, spec, row)
+                    if step is not None and step.state == DONE:
+                        self._submit(job, step.children)
+                finally:
+                    self._unclaim()
                 if step is None:
                     row = None  # another run moved the checkpoint first: read it again
                     continue
                 if step.state == PENDING:
                     row = step.row
                     continue
-                if step.state == DONE:
-                    self._submit(job, step.children)
                 if step.complete:
                     self._complete(job, spec)
                 self._ran(job, range_id)
@@ -451,7 +456,9 @@ class Mapper:
 
         A range goes on in place while what its plan leaves is a leaf's size or less:
         the source's estimated rows over the leaves the tree aims at (``_leaves``), at
-        least ``fanout`` pages. A range with no plan (the root), or past it (more rows
+        least ``fanout`` pages — unless workers are idle (``_claim``): then it splits what
+        its plan leaves into a share for itself and each of them, if each share holds
+        ``fanout`` pages. A range with no plan (the root), or past it (more rows
         than planned), estimates what is left from the database's statistics (the
         histogram's bounds past its checkpoint, each bucket an equal share of the rows;
         the root: the row estimate) and from the page it read (as many keys per page past
@@ -468,10 +475,14 @@ class Mapper:
         if spec.fanout < 2:  # one cursor, never split
             return None, row.planned
         stats = self._statistics(job, spec)
-        leaf = max(spec.fanout * spec.page_size, (stats.rows or 0) // self._leaves(spec))
+        least = spec.fanout * spec.page_size
+        leaf = max(least, (stats.rows or 0) // self._leaves(spec))
         done = row.visited + len(rows)
         if row.planned is not None and 0 < row.planned - done <= leaf:
-            return None, row.planned
+            idle = self._claim(min(spec.fanout - 1, (row.planned - done) // least - 1))
+            if not idle:
+                return None, row.planned
+            leaf = (row.planned - done) // (idle + 1)  # a share for each idle worker
         bounds = spec.source.bounds(conn, row.range, after)
         if bounds is None:
             return [], row.planned
@@ -494,6 +505,27 @@ class Mapper:
         if not points:  # no room for a cut: go on, planned at the estimate
             return None, done + left
         return _children(row.range, points, after, left), row.planned
+
+    def _claim(self, most: int) -> int:
+        """Claim up to ``most`` of the local executor's idle workers that no other run has
+        claimed, for this thread's range to split for; how many. The claim lasts until
+        the page's step is over (``_unclaim``), so runs that look at once do not all split
+        for the same worker."""
+        if most < 1 or not isinstance(self.executor, LocalExecutor):
+            return 0
+        idle = self.executor.idle
+        with self._lock:
+            free = min(most, idle - sum(self._claims.values()))
+            if free < 1:
+                return 0
+            self._claims[threading.get_ident()] = free
+            return free
+
+    def _unclaim(self) -> None:
+        """Release this thread's claim of idle workers (its children are submitted)."""
+        if self._claims:  # unlocked: empty unless a run claimed
+            with self._lock:
+                self._claims.pop(threading.get_ident(), None)
 
     def _leaves(self, spec: MapSpec) -> int:
         """How many leaves a job's tree aims at: one per worker of a local executor;
