@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from pymemcache.exceptions import MemcacheClientError
 
-from conftest import CACHE_URLS, require, run_together, wait_for
+from conftest import CACHE_URLS, REDIS, require, run_together, wait_for
 from shardkit.cache import Cache, MemoryCache, open_cache
-from shardkit.errors import BackendError
+from shardkit.errors import BackendError, BackendUnavailable
 from shardkit.validation import INT64_MAX, INT64_MIN
 
 
@@ -189,6 +193,125 @@ def test_a_value_that_is_not_a_number_is_a_backend_error(kind: str, key: str) ->
         with pytest.raises(BackendError):
             call(key)
     cache.close()
+
+
+# -- the Redis cache's increments: sent once ----------------------------------------------
+
+
+class Cutter:
+    """A TCP proxy in front of Redis that can break its clients' connections: ``arm(word)``
+    closes the connection of the next command holding ``word`` in place of forwarding its
+    reply (the server applied it; the client never hears so); ``drop()`` closes every
+    connection open now, as a server restart would."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._target = (host, port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._word: bytes | None = None
+        self._lock = threading.Lock()
+        self._open: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def arm(self, word: bytes) -> None:
+        self._word = word
+
+    def drop(self) -> None:
+        with self._lock:
+            for sock in self._open:
+                _close(sock)
+            self._open.clear()
+
+    def close(self) -> None:
+        self._listener.close()
+        self.drop()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self._target)
+            with self._lock:
+                self._open += [client, server]
+            cut = threading.Event()  # this connection sent the armed word
+            threading.Thread(target=self._up, args=(client, server, cut), daemon=True).start()
+            threading.Thread(target=self._down, args=(server, client, cut), daemon=True).start()
+
+    def _up(self, client: socket.socket, server: socket.socket, cut: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                if self._word is not None and self._word in data:
+                    self._word = None
+                    cut.set()  # before the server can answer
+                server.sendall(data)
+        _close(server)
+
+    def _down(self, server: socket.socket, client: socket.socket, cut: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while (data := server.recv(65536)) and not cut.is_set():
+                client.sendall(data)
+        _close(client)
+        _close(server)
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+
+
+REDIS_DB = int(urlsplit(REDIS).path.strip("/") or 0)
+
+
+@pytest.fixture
+def cutter() -> Iterator[tuple[Cutter, str]]:
+    """A cutting proxy in front of the tests' Redis, and the URL of its database there."""
+    require(REDIS)
+    where = urlsplit(REDIS)
+    proxy = Cutter(where.hostname or "127.0.0.1", where.port or 6379)
+    yield proxy, where._replace(netloc=f"127.0.0.1:{proxy.port}").geturl()
+    proxy.close()
+
+
+@pytest.mark.parametrize("given", ["url", "client"])
+def test_an_increment_whose_reply_is_lost_raises_and_counted_once(
+    cutter: tuple[Cutter, str], key: str, given: str
+) -> None:
+    import redis
+
+    proxy, url = cutter
+    # A client made as its constructor makes one retries a command whose connection
+    # failed (ten times); one made from a URL does not.
+    cache = open_cache(url if given == "url" else redis.Redis(port=proxy.port, db=REDIS_DB))
+    try:
+        assert cache.bump(key, 1) == 1
+        proxy.arm(b"INCRBY")
+        # The server applied it: a client that sent it again (redis-py retries a command
+        # whose connection failed) would count it twice.
+        with pytest.raises(BackendUnavailable):
+            cache.bump(key, 1)
+        assert cache.get(key) == 2
+        assert cache.bump(key, 1) == 3  # on a new connection
+    finally:
+        cache.close()
+
+
+def test_increments_go_on_after_the_server_closed_their_connections(
+    cutter: tuple[Cutter, str], key: str
+) -> None:
+    proxy, url = cutter
+    cache = open_cache(url)
+    try:
+        assert cache.add(key, 10, 60)
+        run_together(4, lambda _: cache.bump(key, 1))  # four connections held
+        proxy.drop()  # as a restart would: each held connection is closed
+        # Each is found closed before it is used, and opened again: nothing fails.
+        run_together(4, lambda _: [cache.bump(key, 1) for _ in range(5)])
+        assert cache.incr(key, 1) == 10 + 4 + 20 + 1
+    finally:
+        cache.close()
 
 
 # -- the in-process cache in a long-running process ----------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
@@ -9,6 +10,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from shardkit import _urls
+from shardkit._fork import reset_in_child
 from shardkit._program import Call, Program, awaitable, blocking, call
 from shardkit.cache.base import read_number
 from shardkit.errors import BackendError, BackendUnavailable, ConfigurationError, MissingDriver
@@ -54,6 +56,82 @@ class Client(Protocol):
     def delete(self, name: str) -> Any: ...
     def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any: ...
     def script_load(self, script: str) -> Any: ...
+
+
+class SentOnce:
+    """Plays ``Client`` for the sync cache: the redis-py client, except that the commands
+    that add (``INCRBY``, ``EVALSHA`` of the increment scripts) are sent once, on a
+    connection of the client's pool that this cache keeps checked out, and never again.
+    redis-py retries a command whose connection fails (ten times, by default): an
+    increment whose reply was lost would count twice. Here it raises, and its caller may
+    or may not have counted, as the counters' contracts say. Skipping the client's
+    per-command machinery (retries, observability hooks, a checkout from the pool) also
+    saves ≈ 30 µs of CPU a command, the hot path of a buffered counter.
+
+    A held connection that has data waiting or was closed by the server (a restart) is
+    reconnected before it is used, as the pool does for its own. Thread-safe: each
+    connection serves one command at a time. A forked child holds none of its parent's.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._pool = client.connection_pool
+        self._refused = _redis_module().ResponseError
+        self._reset()
+        reset_in_child(self, SentOnce._reset)
+
+    def _reset(self) -> None:
+        self._held: collections.deque[Any] = collections.deque()
+
+    def get(self, name: str) -> Any:
+        return self.client.get(name)
+
+    def mget(self, keys: list[str]) -> Any:
+        return self.client.mget(keys)
+
+    def set(self, name: str, value: int, *, nx: bool, px: int | None) -> Any:
+        return self.client.set(name, value, nx=nx, px=px)
+
+    def delete(self, name: str) -> Any:
+        return self.client.delete(name)
+
+    def script_load(self, script: str) -> Any:
+        return self.client.script_load(script)
+
+    def incrby(self, name: str, amount: int) -> Any:
+        return self._once("INCRBY", name, amount)
+
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
+        return self._once("EVALSHA", sha, numkeys, *keys_and_args)
+
+    def _once(self, *command: Any) -> Any:
+        try:
+            conn = self._held.pop()
+        except IndexError:
+            conn = self._pool.get_connection()  # connected, and checked by the pool
+        else:
+            try:
+                if conn.can_read():  # a reply nobody read, or closed by the server
+                    conn.disconnect()  # the send below connects again
+            except Exception:
+                conn.disconnect()
+        try:
+            conn.send_command(*command)
+            reply = conn.read_response()
+        except self._refused:  # the server's answer, read whole: the socket is sound
+            self._held.append(conn)
+            raise
+        except BaseException:  # in doubt (a reply may be on its way): a new socket
+            conn.disconnect()
+            self._held.append(conn)
+            raise
+        self._held.append(conn)
+        return reply
+
+    def close(self) -> None:
+        """Hand the held connections back to the pool."""
+        while self._held:
+            self._pool.release(self._held.pop())
 
 
 class _Script:
@@ -153,9 +231,15 @@ class RedisCore:
 
 class RedisCache(RedisCore):
     """Redis as the shared cache. Every call is one round trip; ``incr`` is a Lua script.
+    Increments are sent once, never retried (``SentOnce``).
 
     Thread-safe and fork-safe (redis-py's connection pool reconnects in a child).
     """
+
+    def __init__(self, client: Any, *, url: str | None = None, owns_client: bool = False):
+        super().__init__(client, url=url, owns_client=owns_client)
+        self._sent_once = SentOnce(client)
+        self.roles = {"Client": self._sent_once}
 
     @classmethod
     def from_url(cls, url: str) -> RedisCache:
@@ -170,6 +254,7 @@ class RedisCache(RedisCore):
     delete = blocking(RedisCore._delete)
 
     def close(self) -> None:
+        self._sent_once.close()
         if self._owns_client:
             self._client.close()
 
