@@ -44,6 +44,7 @@ from shardkit.mapper.spec import resolve
 from shardkit.store import CounterInfo, Store, open_store
 from shardkit.store.sql import SqlStore
 from shardkit.validation import (
+    ADJUST_DELAY,
     check_age,
     check_block,
     check_chance,
@@ -533,7 +534,7 @@ def connect(
     cache_ttl: float = 5.0,
     max_shards: int = 1000,
     key_retention: float = 86400.0,
-    adjust_delay: float = 0.02,
+    adjust_delay: float = ADJUST_DELAY,
     executor: Executor | None = None,
     secret: str | bytes | None = None,
 ) -> Kit:
@@ -611,7 +612,7 @@ def build(
     cache_ttl: float = 5.0,
     max_shards: int = 1000,
     key_retention: float = 86400.0,
-    adjust_delay: float = 0.02,
+    adjust_delay: float = ADJUST_DELAY,
     executor: Executor | None = None,
     secret: str | bytes | None = None,
 ) -> Kit:

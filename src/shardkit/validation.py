@@ -26,6 +26,10 @@ MAX_TTL = 30 * 24 * 3600
 # The shortest flush interval: interval numbers (time / interval) stay exact floats.
 MIN_INTERVAL = 0.001
 MAX_RETENTION = 100 * 365 * 24 * 3600
+ADJUST_DELAY = 0.1
+"""Seconds a kit's sharded writes' cache adjustments gather by default (see ``Adjuster``):
+how stale ``value()`` may be in other processes, traded against a background send per
+process every so often."""
 
 
 def _seconds(value: object, what: str, low: float, high: float, *, zero: bool = False) -> float:
@@ -165,7 +169,7 @@ def check_kit_options(
     cache_ttl: object,
     max_shards: object,
     key_retention: object,
-    adjust_delay: object = 0.02,
+    adjust_delay: object = ADJUST_DELAY,
 ) -> None:
     """Validate a kit's options: ``prefix`` an identifier of at most 40 characters (it
     begins table names), ``cache_ttl`` in (0, 30 days], ``max_shards`` ≥ 1,

@@ -48,7 +48,7 @@ from shardkit.kit import DEFAULT_CACHE, DEFAULT_INTERVAL, DEFAULT_STORE, KitCore
 from shardkit.mapper.job import JobCore
 from shardkit.mapper.ledger import JobStatus, job_statuses
 from shardkit.store.base import CounterInfo
-from shardkit.validation import check_job_id, check_kit_options
+from shardkit.validation import ADJUST_DELAY, check_job_id, check_kit_options
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -364,7 +364,7 @@ def connect(
     cache_ttl: float = 5.0,
     max_shards: int = 1000,
     key_retention: float = 86400.0,
-    adjust_delay: float = 0.02,
+    adjust_delay: float = ADJUST_DELAY,
 ) -> _Connecting:
     """Open an async kit: ``shardkit.connect``'s store and cache URLs and options (a
     store URL, default ``$SHARDKIT_STORE`` or ``sqlite:///shardkit.db``; a cache URL —

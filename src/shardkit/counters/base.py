@@ -16,6 +16,7 @@ from shardkit.cache.base import Cache, Placed
 from shardkit.counters.adjuster import Adjuster
 from shardkit.errors import BackendError
 from shardkit.store.base import Store
+from shardkit.validation import ADJUST_DELAY
 
 log = logging.getLogger("shardkit")
 
@@ -33,7 +34,7 @@ class Options:
     fold_after: float = 600.0
     """Seconds after it was recorded before a buffered counter's dead generation (one
     whose cache keys are gone) is folded into its ``RETIRED`` generation by a flush."""
-    adjust_delay: float = 0.02
+    adjust_delay: float = ADJUST_DELAY
     """Seconds a sharded write's adjustment of its cached value may wait, to be sent
     with others (see ``Adjuster``)."""
     random: Callable[[], float] = field(default=random.random)

@@ -175,7 +175,7 @@ class ShardedCounter(ShardedCore):
       the shard count never changes the value. ``value()`` serves the cached sum when
       present, which writes move off their callers' path (see ``Adjuster``): it shows
       every write of the calling process, and another process's within about the
-      kit's ``adjust_delay`` (0.02 s); writes racing with the cache's fill (read from the
+      kit's ``adjust_delay`` (0.1 s); writes racing with the cache's fill (read from the
       store on a miss) may be missing from it or counted twice, for at most
       ``cache_ttl`` seconds.
     * Concurrent increments from threads of one process are combined (except on a

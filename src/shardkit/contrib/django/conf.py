@@ -10,7 +10,7 @@
         "PREFIX": "shardkit_",          # table names (migrate creates them anew if changed)
         "SECRET": None,                 # signs mapping closures ($SHARDKIT_SECRET)
         "CACHE_TTL": 5.0, "MAX_SHARDS": 1000, "KEY_RETENTION": 86400.0,
-        "ADJUST_DELAY": 0.02,           # seconds writes' cache adjustments gather
+        "ADJUST_DELAY": 0.1,            # seconds writes' cache adjustments gather
         "DASHBOARD_TOKEN": None,        # lets the dashboard cancel and resume jobs
         "METRICS_COUNTERS": [],         # counters whose values /metrics exports
     }
@@ -35,6 +35,7 @@ from shardkit.errors import ConfigurationError, ShardkitError
 from shardkit.executor import Executor, LocalExecutor, Marks, Task
 from shardkit.kit import Kit, build
 from shardkit.mapper.spec import resolve
+from shardkit.validation import ADJUST_DELAY
 
 from .store import DjangoStore
 
@@ -47,7 +48,7 @@ _DEFAULTS: dict[str, Any] = {
     "CACHE_TTL": 5.0,
     "MAX_SHARDS": 1000,
     "KEY_RETENTION": 86400.0,
-    "ADJUST_DELAY": 0.02,
+    "ADJUST_DELAY": ADJUST_DELAY,
     "DASHBOARD_TOKEN": None,
     "METRICS_COUNTERS": [],
 }
