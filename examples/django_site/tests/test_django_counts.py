@@ -208,6 +208,23 @@ def test_a_counting_update_of_a_sharded_count_is_one_statement(database: str) ->
     assert Video.objects.get(pk=a.pk).title == "A"
 
 
+@pytest.mark.parametrize("database", ["postgres"], indirect=True)
+def test_a_counting_update_runs_prepared_unless_behind_a_pooler(database: str) -> None:
+    video = Video.objects.create(title="a")
+    for _ in range(3):
+        assert Video.objects.filter(pk=video.pk).update(views=F("views") + 1) == 1
+    connection = connections[database]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pooled = cursor.fetchone()[0] != connection.connection.info.backend_pid
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [row[0] for row in cursor.fetchall()]
+    # Planned once per connection, where no pooler may move it to another session.
+    counting = [sql for sql in prepared if sql.startswith("INSERT INTO") and "EXISTS" in sql]
+    assert len(counting) == (0 if pooled else 1)
+    assert views(video) == 3
+
+
 def test_a_counting_update_of_a_buffered_count_by_key_needs_no_read(database: str) -> None:
     video = Video.objects.create(title="a")
     video.likes.incr()  # its counter has a generation: increments are cache commands only

@@ -21,6 +21,7 @@ import contextlib
 import functools
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from functools import partial
 from typing import Any, Generic, TypeVar
@@ -36,6 +37,7 @@ from shardkit.counters import BufferedCounter, ShardedCounter
 from shardkit.counters.sharded import held_ticket, take_ticket
 from shardkit.errors import ValidationError
 from shardkit.kit import Kit
+from shardkit.store.sql import unprepare_behind_pooler
 from shardkit.validation import check_delta, check_exists_ttl, check_interval, check_shards
 
 from .conf import database, kit
@@ -285,9 +287,7 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
             sql = sql.replace("{select}", select, 1)
             params = [prefix, shard, delta, *selected]
         try:
-            with connection.cursor() as cursor:
-                cursor.execute(sql, params)
-                names = [row[0] for row in cursor.fetchall()]
+            names = [row[0] for row in _rows(connection, sql, params)]
         except DatabaseError as exc:
             raise store._error(exc, f"adding to {self.model._meta.label}.{count.name}") from exc
         pks = [pk_field.to_python(name[len(prefix) :]) for name in names]
@@ -422,6 +422,65 @@ def _statement(alias: str, shards_table: str, model: type[models.Model], what: s
     # WHERE true: SQLite would read the ON CONFLICT as a join's without a WHERE.
     named = f"%s || CAST(matched.{quote('shardkit_pk')} AS TEXT)"
     return f"{into} SELECT {named}, %s, %s FROM ({{select}}) matched WHERE true {upsert}"
+
+
+def _rows(connection: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """The rows of the counting statement ``sql`` run on Django's ``connection``, in its
+    transaction. On PostgreSQL through psycopg 3, not behind a pooler, it runs prepared,
+    on a cursor of psycopg's own: the server plans it once per connection rather than on
+    every request, and Django's cursor wrapper (its execute wrappers and query log) is
+    skipped. Elsewhere (psycopg2, a pooler, other databases) it goes through Django's
+    cursor."""
+    raw = _psycopg(connection)
+    if raw is None:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return list(cursor.fetchall())
+    import psycopg
+
+    with connection.wrap_database_errors:
+        prepare = _prepares.get(raw)
+        if prepare is None:  # opened before the app was ready, or on another alias
+            prepare = _may_prepare(raw)
+        cursor = psycopg.Cursor(raw)
+        # Django turns psycopg's preparing off for every statement (prepare_threshold
+        # None, in case of a pooler): on for this one, where there is none.
+        threshold = raw.prepare_threshold
+        if prepare and threshold is None:
+            raw.prepare_threshold = _PREPARE_AT_ONCE
+        try:
+            cursor.execute(sql, params, prepare=prepare)
+        finally:
+            raw.prepare_threshold = threshold
+        return cursor.fetchall()
+
+
+_PREPARE_AT_ONCE = 0  # psycopg's threshold: prepared on the first execution
+# Whether each psycopg connection may prepare statements (False behind a pooler).
+_prepares: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _may_prepare(raw: Any) -> bool:
+    prepare = _prepares[raw] = not unprepare_behind_pooler(raw)
+    return prepare
+
+
+def note_pooler(sender: Any, connection: Any, **_: Any) -> None:
+    """``connection_created``'s receiver: find out, once per connection Django opens to
+    the store's database, whether it goes through a pooler (one round trip), before any
+    request's counting update needs to know."""
+    if connection.alias == database() and _psycopg(connection) is not None:
+        _may_prepare(connection.connection)
+
+
+def _psycopg(connection: Any) -> Any:
+    """The psycopg 3 connection under Django's ``connection`` (opened if need be, its
+    transaction checked as Django's cursor would), or None if it has another driver."""
+    if connection.vendor != "postgresql" or connection.Database.__name__ != "psycopg":
+        return None
+    connection.ensure_connection()
+    connection.validate_no_broken_transaction()
+    return connection.connection
 
 
 def _by_pk(query: Any) -> tuple[Any] | None:
