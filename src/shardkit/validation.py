@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-import unicodedata
 from collections.abc import Iterable
 
 from shardkit.errors import (
@@ -16,6 +15,8 @@ from shardkit.errors import (
 )
 
 MAX_NAME_LENGTH = 200
+# Unicode's control characters (category Cc) and surrogates (Cs), which no name may hold.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 MAX_BLOCK = 2**40
 MAX_TAKE = 1_000_000  # ids one ``take`` hands out
 INT64_MIN = -(2**63)
@@ -59,9 +60,9 @@ def check_name(name: object, what: str = "counter name") -> str:
         raise InvalidName(f"{what} must not be empty")
     if len(name) > MAX_NAME_LENGTH:
         raise InvalidName(f"{what} is {len(name)} characters long; the limit is {MAX_NAME_LENGTH}")
-    for char in name:
-        if unicodedata.category(char) in ("Cc", "Cs"):
-            raise InvalidName(f"{what} {name!r} contains the control character {char!r}")
+    found = _CONTROL.search(name)
+    if found is not None:
+        raise InvalidName(f"{what} {name!r} contains the control character {found[0]!r}")
     return name
 
 

@@ -237,14 +237,13 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
             found_by = next((name for name in deltas if not counts[name].buffered), None)
         by_pk = _by_pk(self.query)
         writes = sum(not counts[name].buffered for name in deltas) + bool(kwargs)
-        base = self.model._base_manager.using(self.db)
         # One statement or none that writes: no transaction of its own around it.
         single = writes == 0 or (writes == 1 and (found_by or by_pk) is not None)
         with contextlib.nullcontext() if single else transaction.atomic(using=self.db):
             if found_by is not None:
                 pks = self._count_matched(counts[found_by], deltas[found_by], by_pk)
             elif by_pk is not None and kwargs:
-                pks = [by_pk[0]] if base.filter(pk=by_pk[0]).update(**kwargs) else []
+                pks = [by_pk[0]] if self._base().filter(pk=by_pk[0]).update(**kwargs) else []
                 kwargs = {}
             elif by_pk is not None:
                 ttl = min(counts[name].exists_ttl for name in deltas)
@@ -253,12 +252,17 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
                 # In key order: concurrent updates take their shard rows' locks in one order.
                 pks = list(self.order_by("pk").values_list("pk", flat=True))
             if kwargs and pks:
-                base.filter(pk__in=pks).update(**kwargs)
+                self._base().filter(pk__in=pks).update(**kwargs)
             for name, delta in deltas.items():
                 if name != found_by:
                     for pk in pks:
                         counts[name].add(self.model, pk, delta)
         return len(pks)
+
+    def _base(self) -> models.QuerySet[_M]:
+        """The model's plain queryset on this one's database, for the other fields."""
+        base: models.QuerySet[_M] = self.model._base_manager.using(self.db)
+        return base
 
     def _count_matched(
         self, count: ShardedCount, delta: int, by_pk: tuple[Any] | None
