@@ -514,6 +514,8 @@ class Mapper:
         if most < 1 or not isinstance(self.executor, LocalExecutor):
             return 0
         idle = self.executor.idle
+        if idle < 1:  # every worker busy: the common case, page after page
+            return 0
         with self._lock:
             free = min(most, idle - sum(self._claims.values()))
             if free < 1:
