@@ -41,6 +41,11 @@ class Batches(Generic[W]):
     def join(self, waiter: W) -> bool:
         """Queue ``waiter``; True if it must lead now (no batch is being written)."""
         self._queue.append(waiter)
+        return self.claim()
+
+    def claim(self) -> bool:
+        """True if no batch is being written (nobody waits then): the caller writes the
+        next one, and ``finish``es it."""
         if self._busy:
             return False
         self._busy = True
@@ -110,6 +115,13 @@ class Combiner(Generic[T, R]):
             return self._batches.waiting
 
     def __call__(self, item: T) -> R:
+        with self._lock:
+            alone = self._batches.claim()
+        if alone:  # no batch being written, none waiting: a batch of one, at once
+            try:
+                return self._write([item])[0]
+            finally:
+                self._hand_over()
         call: _Call[T, R] = _Call(item)
         with self._lock:
             if not self._batches.join(call):
@@ -141,15 +153,19 @@ class Combiner(Generic[T, R]):
             batch[0].error = exc  # the leader's call is the first of its batch
             raise
         finally:
-            with self._lock:
-                successor = self._batches.finish()
-            if successor is not None:
-                successor.leads = True
-                assert successor.woken is not None
-                successor.woken.set()
+            self._hand_over()
             for call in batch:
                 if call.woken is not None:
                     call.woken.set()
+
+    def _hand_over(self) -> None:
+        """A batch is written: wake the first caller queued meanwhile to lead the next."""
+        with self._lock:
+            successor = self._batches.finish()
+        if successor is not None:
+            successor.leads = True
+            assert successor.woken is not None
+            successor.woken.set()
 
 
 def _wait(event: threading.Event) -> BaseException | None:
