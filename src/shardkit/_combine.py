@@ -81,7 +81,7 @@ class _Call(Generic[T, R]):
         self.item = item
         self.result: R | None = None
         self.error: BaseException | None = None
-        self.woken: threading.Event | None = None  # a waiter's; the leader needs none
+        self.woken = threading.Event()  # set when its batch is written, or it is to lead
         self.leads = False
 
     def outcome(self) -> R:
@@ -115,25 +115,21 @@ class Combiner(Generic[T, R]):
             return self._batches.waiting
 
     def __call__(self, item: T) -> R:
+        call: _Call[T, R] | None = None
         with self._lock:
-            alone = self._batches.claim()
-        if alone:  # no batch being written, none waiting: a batch of one, at once
+            if not self._batches.claim():  # a batch is being written: queue for the next
+                call = _Call(item)
+                self._batches.join(call)
+        if call is None:  # nothing being written, nobody waiting: a batch of one, at once
             try:
                 return self._write([item])[0]
             finally:
                 self._hand_over()
-        call: _Call[T, R] = _Call(item)
-        with self._lock:
-            if not self._batches.join(call):
-                call.woken = threading.Event()
-        if call.woken is not None:
-            interrupted = _wait(call.woken)
-            if call.leads:
-                self._lead()
-            if interrupted is not None:
-                raise interrupted
-        else:
+        interrupted = _wait(call.woken)
+        if call.leads:
             self._lead()
+        if interrupted is not None:
+            raise interrupted
         return call.outcome()
 
     def _lead(self) -> None:
@@ -155,8 +151,7 @@ class Combiner(Generic[T, R]):
         finally:
             self._hand_over()
             for call in batch:
-                if call.woken is not None:
-                    call.woken.set()
+                call.woken.set()
 
     def _hand_over(self) -> None:
         """A batch is written: wake the first caller queued meanwhile to lead the next."""
@@ -164,7 +159,6 @@ class Combiner(Generic[T, R]):
             successor = self._batches.finish()
         if successor is not None:
             successor.leads = True
-            assert successor.woken is not None
             successor.woken.set()
 
 

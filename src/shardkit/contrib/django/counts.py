@@ -435,13 +435,15 @@ def _rows(connection: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, .
     every request, and Django's cursor wrapper (its execute wrappers and query log) is
     skipped. Elsewhere (psycopg2, a pooler, other databases) it goes through Django's
     cursor."""
-    raw = _psycopg(connection)
-    if raw is None:
+    if not _psycopg(connection):
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             return list(cursor.fetchall())
     import psycopg
 
+    connection.ensure_connection()
+    connection.validate_no_broken_transaction()  # as Django's cursor would
+    raw = connection.connection
     with connection.wrap_database_errors:
         prepare = _prepares.get(raw)
         if prepare is None:  # opened before the app was ready, or on another alias
@@ -465,6 +467,7 @@ _prepares: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
 def _may_prepare(raw: Any) -> bool:
+    """Find out (one round trip) and remember whether ``raw`` may prepare statements."""
     prepare = _prepares[raw] = not unprepare_behind_pooler(raw)
     return prepare
 
@@ -473,18 +476,13 @@ def note_pooler(sender: Any, connection: Any, **_: Any) -> None:
     """``connection_created``'s receiver: find out, once per connection Django opens to
     the store's database, whether it goes through a pooler (one round trip), before any
     request's counting update needs to know."""
-    if connection.alias == database() and _psycopg(connection) is not None:
+    if connection.alias == database() and _psycopg(connection):
         _may_prepare(connection.connection)
 
 
-def _psycopg(connection: Any) -> Any:
-    """The psycopg 3 connection under Django's ``connection`` (opened if need be, its
-    transaction checked as Django's cursor would), or None if it has another driver."""
-    if connection.vendor != "postgresql" or connection.Database.__name__ != "psycopg":
-        return None
-    connection.ensure_connection()
-    connection.validate_no_broken_transaction()
-    return connection.connection
+def _psycopg(connection: Any) -> bool:
+    """Whether Django's ``connection`` is to PostgreSQL through psycopg 3."""
+    return bool(connection.vendor == "postgresql" and connection.Database.__name__ == "psycopg")
 
 
 def _by_pk(query: Any) -> tuple[Any] | None:
