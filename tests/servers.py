@@ -7,6 +7,8 @@ stopped and started again on that same port, and killed at the end whatever happ
 A server is started with ``setpriv --pdeathsig`` where that exists, so it dies with the
 *thread* that started it even if the test process is killed: start and restart servers
 from the test's own thread, never from a helper thread that ends first.
+
+``Cutter`` is a proxy in the test's process that cuts Redis connections.
 """
 
 from __future__ import annotations
@@ -551,3 +553,67 @@ class Writers:
     def recovery(self, answered_at: float) -> list[float]:
         """Seconds from ``answered_at`` to each writer's first success after it."""
         return [next(t for t in times if t >= answered_at) - answered_at for times in self.ok_at]
+
+
+class Cutter:
+    """A TCP proxy in front of Redis that can break its clients' connections: ``arm(word)``
+    closes the connection of the next command holding ``word`` in place of forwarding its
+    reply (the server applied it; the client never hears so); ``drop()`` closes every
+    connection open now, as a server restart would."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._target = (host, port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._word: bytes | None = None
+        self._lock = threading.Lock()
+        self._open: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def arm(self, word: bytes) -> None:
+        self._word = word
+
+    def drop(self) -> None:
+        with self._lock:
+            for sock in self._open:
+                _close(sock)
+            self._open.clear()
+
+    def close(self) -> None:
+        self._listener.close()
+        self.drop()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self._target)
+            with self._lock:
+                self._open += [client, server]
+            cut = threading.Event()  # this connection sent the armed word
+            threading.Thread(target=self._up, args=(client, server, cut), daemon=True).start()
+            threading.Thread(target=self._down, args=(server, client, cut), daemon=True).start()
+
+    def _up(self, client: socket.socket, server: socket.socket, cut: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                if self._word is not None and self._word in data:
+                    self._word = None
+                    cut.set()  # before the server can answer
+                server.sendall(data)
+        _close(server)
+
+    def _down(self, server: socket.socket, client: socket.socket, cut: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while (data := server.recv(65536)) and not cut.is_set():
+                client.sendall(data)
+        _close(client)
+        _close(server)
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()

@@ -428,6 +428,64 @@ def test_cancelled_id_takers_leave_no_lock_held_and_no_id_twice(
     assert len(taken) == len(set(taken)) >= 50
 
 
+def test_a_cancelled_callers_transaction_finishes_and_holds_no_lock(
+    store_url: str, name: str
+) -> None:
+    """A caller cancelled while its transaction runs stops waiting at once; the
+    transaction is not interrupted midway (which left aiosqlite's connection holding the
+    database's write lock): it commits, and the next writer writes."""
+    inserted, release = threading.Event(), threading.Event()
+
+    def work(conn: sa.Connection) -> None:
+        conn.execute(sa.text(f"INSERT INTO {table} (name) VALUES ('{name}')"))
+        inserted.set()
+        while not release.is_set():  # each statement lets the event loop run
+            conn.execute(sa.text("SELECT 1"))
+
+    async def main(kit: shardkit.aio.AsyncKit) -> list[str]:
+        store = kit.store
+        await store.transaction("making a table", create)
+        caller = asyncio.create_task(store.transaction("inserting", work))
+        await poll(inserted.is_set)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        release.set()
+        await store.transaction("inserting again", again)
+        rows = await store.read("reading", sa.text(f"SELECT name FROM {table} ORDER BY name"))
+        return [row[0] for row in rows]
+
+    table = f"{PREFIX}cancelled_{name[-8:]}"
+
+    def create(conn: sa.Connection) -> None:
+        conn.execute(sa.text(f"CREATE TABLE IF NOT EXISTS {table} (name VARCHAR(100))"))
+
+    def again(conn: sa.Connection) -> None:
+        conn.execute(sa.text(f"INSERT INTO {table} (name) VALUES ('{name}:again')"))
+
+    try:
+        assert with_kit(store_url, "memory://", main) == [name, f"{name}:again"]
+    finally:
+        with_kit(store_url, "memory://", drop(table))
+
+
+async def poll(done: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Wait (letting the loop run) until ``done()``."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not done():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.001)
+
+
+def drop(table: str) -> Callable[[shardkit.aio.AsyncKit], Awaitable[None]]:
+    async def dropping(kit: shardkit.aio.AsyncKit) -> None:
+        await kit.store.transaction(
+            "dropping", lambda conn: conn.execute(sa.text(f"DROP TABLE IF EXISTS {table}"))
+        )
+
+    return dropping
+
+
 def test_monotonic_values_from_coroutines_are_distinct_and_persisted(
     store_url: str, aio_cache_url: str, name: str
 ) -> None:

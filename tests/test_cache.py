@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
+import asyncio
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,6 +13,7 @@ import pytest
 from pymemcache.exceptions import MemcacheClientError
 
 from conftest import CACHE_URLS, REDIS, require, run_together, wait_for
+from servers import Cutter
 from shardkit.cache import Cache, MemoryCache, open_cache
 from shardkit.errors import BackendError, BackendUnavailable
 from shardkit.validation import INT64_MAX, INT64_MIN
@@ -198,70 +197,6 @@ def test_a_value_that_is_not_a_number_is_a_backend_error(kind: str, key: str) ->
 # -- the Redis cache's increments: sent once ----------------------------------------------
 
 
-class Cutter:
-    """A TCP proxy in front of Redis that can break its clients' connections: ``arm(word)``
-    closes the connection of the next command holding ``word`` in place of forwarding its
-    reply (the server applied it; the client never hears so); ``drop()`` closes every
-    connection open now, as a server restart would."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self._target = (host, port)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self._word: bytes | None = None
-        self._lock = threading.Lock()
-        self._open: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def arm(self, word: bytes) -> None:
-        self._word = word
-
-    def drop(self) -> None:
-        with self._lock:
-            for sock in self._open:
-                _close(sock)
-            self._open.clear()
-
-    def close(self) -> None:
-        self._listener.close()
-        self.drop()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self._target)
-            with self._lock:
-                self._open += [client, server]
-            cut = threading.Event()  # this connection sent the armed word
-            threading.Thread(target=self._up, args=(client, server, cut), daemon=True).start()
-            threading.Thread(target=self._down, args=(server, client, cut), daemon=True).start()
-
-    def _up(self, client: socket.socket, server: socket.socket, cut: threading.Event) -> None:
-        with contextlib.suppress(OSError):
-            while data := client.recv(65536):
-                if self._word is not None and self._word in data:
-                    self._word = None
-                    cut.set()  # before the server can answer
-                server.sendall(data)
-        _close(server)
-
-    def _down(self, server: socket.socket, client: socket.socket, cut: threading.Event) -> None:
-        with contextlib.suppress(OSError):
-            while (data := server.recv(65536)) and not cut.is_set():
-                client.sendall(data)
-        _close(client)
-        _close(server)
-
-
-def _close(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-    sock.close()
-
-
 REDIS_DB = int(urlsplit(REDIS).path.strip("/") or 0)
 
 
@@ -296,6 +231,36 @@ def test_an_increment_whose_reply_is_lost_raises_and_counted_once(
         assert cache.bump(key, 1) == 3  # on a new connection
     finally:
         cache.close()
+
+
+@pytest.mark.parametrize("given", ["url", "client"])
+def test_an_async_increment_whose_reply_is_lost_raises_and_counted_once(
+    cutter: tuple[Cutter, str], key: str, given: str
+) -> None:
+    import redis.asyncio
+
+    from shardkit.cache.redis import AsyncRedisCache
+
+    proxy, url = cutter
+
+    async def main() -> tuple[int, int]:
+        if given == "url":
+            cache = AsyncRedisCache.from_url(url)
+        else:  # retries ten times, as the constructor makes it
+            cache = AsyncRedisCache(redis.asyncio.Redis(port=proxy.port, db=REDIS_DB))
+        try:
+            assert await cache.bump(key, 1) == 1
+            proxy.arm(b"INCRBY")
+            with pytest.raises(BackendUnavailable):
+                await cache.bump(key, 1)
+            counted = await cache.get(key)
+            return counted or 0, await cache.bump(key, 1)
+        finally:
+            await cache.close()
+            if given == "client":
+                await cache._client.aclose()
+
+    assert asyncio.run(main()) == (2, 3)
 
 
 def test_increments_go_on_after_the_server_closed_their_connections(

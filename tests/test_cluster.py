@@ -8,19 +8,22 @@ marks, processes sharing the cache) run on the session's cluster through the
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import pytest
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
 
 import shardkit
 from conftest import PREFIX, free_port, store_url_for
-from servers import ClusterNode, RedisClusterServers, Writers, running
+from servers import ClusterNode, Cutter, RedisClusterServers, Writers, running
 from shardkit import BufferedCounter
 from shardkit.cache import open_cache
-from shardkit.cache.cluster import RedisClusterCache
+from shardkit.cache.cluster import AsyncRedisClusterCache, RedisClusterCache
 from shardkit.counters.buffered import _BASE as BASE
-from shardkit.errors import BackendError
+from shardkit.errors import BackendError, BackendUnavailable
 from shardkit.store.base import RETIRED
 
 pytestmark = pytest.mark.slow
@@ -123,6 +126,68 @@ def pending_on(kit: shardkit.Kit, counter: BufferedCounter, primary: str) -> int
             up, down = (kit.cache.get_many(keys).get(key, BASE) - BASE for key in keys)
             pending += (up - applied.up) - (down - applied.down)
     return pending
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_an_increment_whose_reply_is_lost_raises_and_is_counted_once(
+    redis_cluster: RedisClusterServers, name: str, kind: str
+) -> None:
+    """A cluster client made by its constructor sends a command whose connection failed
+    again (after reading the map again): an increment the server applied would count
+    twice. Through proxies that can cut a node's connection before its reply."""
+    proxies = {node.port: Cutter("127.0.0.1", node.port) for node in redis_cluster.nodes}
+
+    def remap(address: tuple[str, int]) -> tuple[str, int]:
+        return "127.0.0.1", proxies[address[1]].port
+
+    key = f"{{{name}}}:bumped"
+    start = {"host": "127.0.0.1", "port": redis_cluster.primaries()[0].port}
+
+    async def bumps(cache: Any) -> tuple[int, int, int]:
+        first = await cache.bump(key, 1)
+        for proxy in proxies.values():
+            proxy.arm(b"INCRBY")
+        with pytest.raises(BackendUnavailable):
+            await cache.bump(key, 1)
+        return first, await cache.get(key), await cache.bump(key, 1)
+
+    try:
+        if kind == "sync":
+            cache = RedisClusterCache(RedisCluster(**start, address_remap=remap))
+            counted = asyncio.run(bumps(Awaited(cache)))
+            cache.close()
+            cache._client.close()
+        else:
+
+            async def main() -> tuple[int, int, int]:
+                client = AsyncRedisCluster(**start, address_remap=remap)
+                cache = AsyncRedisClusterCache(client)
+                try:
+                    return await bumps(cache)
+                finally:
+                    await cache.close()
+                    await client.aclose()
+
+            counted = asyncio.run(main())
+    finally:
+        for proxy in proxies.values():
+            proxy.close()
+    assert counted == (1, 2, 3)
+
+
+class Awaited:
+    """A sync cache's calls, awaitable (one test body for both forms)."""
+
+    def __init__(self, cache: Any) -> None:
+        self._cache = cache
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._cache, name)
+
+        async def call(*args: Any) -> Any:
+            return method(*args)
+
+        return call
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import asyncio
 import importlib.util
 import itertools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -43,9 +43,12 @@ _DRIVERS = {
 class AsyncSqlStore(SqlCore):
     """``Store``'s methods, awaited, on an ``AsyncEngine``.
 
-    Belongs to the event loop it is used on. A cancelled call either committed or rolled
-    back: SQLAlchemy rolls back (or discards) a connection whose statement was
-    interrupted, and the pool gets it back either way. Behind a pooler (PgBouncer in
+    Belongs to the event loop it is used on. A call is never interrupted midway: a
+    cancelled caller stops waiting at once, and its statements finish on a task of their
+    own (committed or rolled back, the connection back in the pool). An interrupted
+    statement would leave its connection to be thrown away, and aiosqlite's, stopped
+    rather than closed, keeps its open transaction — the database's write lock — until
+    garbage collection. Behind a pooler (PgBouncer in
     transaction mode), psycopg's automatic preparing is turned off, as in the sync store.
     """
 
@@ -55,6 +58,7 @@ class AsyncSqlStore(SqlCore):
         super().__init__(engine.dialect, engine.url, prefix=prefix)
         self.engine = engine
         self._owns_engine = owns_engine
+        self._finishing: set[asyncio.Task[Any]] = set()  # cancelled callers' calls
         watch_for_poolers(engine.sync_engine)
 
     create_schema = awaitable(SqlCore._create_schema)
@@ -78,9 +82,29 @@ class AsyncSqlStore(SqlCore):
 
     # -- the role Sql ------------------------------------------------------------------
 
+    async def _whole(self, call: Coroutine[Any, Any, _T]) -> _T:
+        """Await ``call`` on a task of its own, which a cancelled caller leaves to finish
+        (its outcome then dropped: the caller knows it may or may not have applied)."""
+        task = asyncio.ensure_future(call)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                self._finishing.add(task)
+                task.add_done_callback(self._finished)
+            raise
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._finishing.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: nobody waits for it
+
     async def transaction(self, action: str, work: Callable[[Connection], _T]) -> _T:
         """Run ``work`` (blocking SQLAlchemy code) in one transaction, again if the
-        database chose it as a deadlock victim."""
+        database chose it as a deadlock victim. Never interrupted midway (``_whole``)."""
+        return await self._whole(self._transaction(action, work))
+
+    async def _transaction(self, action: str, work: Callable[[Connection], _T]) -> _T:
         for attempt in itertools.count():
             try:
                 async with self.engine.begin() as conn:
@@ -93,6 +117,9 @@ class AsyncSqlStore(SqlCore):
         self, action: str, statement: sa.Executable, *, autocommit: bool = False
     ) -> list[Any]:
         """Run a query and return its rows; with ``autocommit``, outside any transaction."""
+        return await self._whole(self._read(action, statement, autocommit))
+
+    async def _read(self, action: str, statement: sa.Executable, autocommit: bool) -> list[Any]:
         try:
             async with self.engine.connect() as conn:
                 if autocommit:
@@ -102,7 +129,10 @@ class AsyncSqlStore(SqlCore):
             raise self._error(exc, action) from exc
 
     async def fast_add(self, params: Mapping[str, Any]) -> None:
-        """Run the shard upsert, committed at once."""
+        """Run the shard upsert, committed at once (never interrupted midway)."""
+        await self._whole(self._fast_add(params))
+
+    async def _fast_add(self, params: Mapping[str, Any]) -> None:
         try:
             async with self.engine.connect() as conn:
                 await conn.execution_options(isolation_level="AUTOCOMMIT")
@@ -111,7 +141,10 @@ class AsyncSqlStore(SqlCore):
             raise self._error(exc, f"adding to counter {params['p_name']!r}") from exc
 
     async def close(self) -> None:
-        """Close the engine's connections, if the store made the engine."""
+        """Close the engine's connections, if the store made the engine, once the calls
+        that cancelled callers left have finished."""
+        if self._finishing:
+            await asyncio.wait(self._finishing)
         if self._owns_engine:
             await self.engine.dispose()
 

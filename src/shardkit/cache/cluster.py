@@ -25,13 +25,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from typing import Any, NamedTuple, Protocol
 from urllib.parse import unquote
 
 from shardkit import _urls
 from shardkit._program import Program, awaitable, blocking, call
-from shardkit.cache.redis import _INCR, Client, RedisCore, _redis_module
+from shardkit.cache.redis import (
+    _INCR,
+    _INCR_MANY,
+    AsyncSentOnce,
+    Client,
+    RedisCore,
+    SentOnce,
+    _redis_module,
+    _Sender,
+)
 from shardkit.errors import BackendError, BackendUnavailable, ConfigurationError
 
 # How long an increment waits for a replica to acknowledge it; for how long a primary
@@ -88,16 +98,38 @@ class Clock(Protocol):
 class _Commands:
     """The role ``Client`` played by a ``RedisCluster``: its commands, with ``MGET`` of
     keys in many slots sent as one ``MGET`` per slot (each value is read atomically, the
-    set of them is not)."""
+    set of them is not), and the commands that add sent once to the primary of their
+    (first) key by ``sender`` — the cluster client would send one whose connection
+    failed again, to the same node or, having read the map again, to another."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, sender: Callable[[str], _Sender]) -> None:
         self._client = client
+        self._sender = sender
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
 
     def mget(self, keys: list[str]) -> Any:
         return self._client.mget_nonatomic(keys)
+
+    def incrby(self, name: str, amount: int) -> Any:
+        return self._sender(name).incrby(name, amount)
+
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
+        return self._sender(keys_and_args[0]).evalsha(sha, numkeys, *keys_and_args)
+
+
+class _AsyncCommands(_Commands):
+    """``_Commands`` of an asyncio ``RedisCluster``, which reads the cluster's map on its
+    first command: the commands sent once, to a node found from the map, read it first."""
+
+    async def incrby(self, name: str, amount: int) -> Any:
+        await self._client.initialize()
+        return await super().incrby(name, amount)
+
+    async def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
+        await self._client.initialize()
+        return await super().evalsha(sha, numkeys, *keys_and_args)
 
 
 class ClusterCore(RedisCore):
@@ -127,49 +159,66 @@ class ClusterCore(RedisCore):
         return sorted(node.name for node in self._client.get_primaries())
 
     def _incr_many(self, deltas: Mapping[str, int]) -> Program[None]:
-        """One script per slot (a script's keys must share one)."""
+        """One script per slot (a script's keys must share one), each sent once (see
+        ``_followed``)."""
         groups: dict[int, dict[str, int]] = {}
         for key, delta in deltas.items():
             groups.setdefault(self._client.keyslot(key), {})[key] = delta
         for group in groups.values():
-            yield from RedisCore._incr_many(self, group)
+            keys, args = list(group), list(group.values())
+            yield from self._followed(partial(self._script, _INCR_MANY, keys, args), once=True)
+
+    def _bump(self, key: str, delta: int) -> Program[int]:
+        """``RedisCore._bump``, sent once (see ``_followed``)."""
+        return int((yield from self._followed(lambda: call(Client.incrby, key, delta), once=True)))
 
     def _incr(self, key: str, delta: int) -> Program[int | None]:
-        """``RedisCore._incr``, returning once a replica has the increment; followed to
-        the key's new primary (a failover, a migrated slot) for up to ``_FAILOVER``
-        seconds."""
+        """``RedisCore._incr``, returning once a replica has the increment; sent again
+        where the connection failed (see ``_followed``): what ``incr`` hands out may skip
+        a value, never repeat one."""
+
+        def increment() -> Program[Any]:
+            try:
+                return (yield from call(Replicas.incr, key, delta))
+            except self._redis.exceptions.NoScriptError:  # a new primary: load it there
+                yield from call(Client.script_load, _INCR.source)
+                return (yield from call(Replicas.incr, key, delta))
+
+        value = yield from self._followed(increment, once=False)
+        return None if value is None else int(value)
+
+    def _followed(self, step: Callable[[], Iterable[Any]], *, once: bool) -> Program[Any]:
+        """Carry ``step`` out, followed to its key's new primary (a failover, a migrated
+        slot) for up to ``_FAILOVER`` seconds while the cluster answers that it is not
+        there (nothing was applied) or no node of it answers. A connection that fails
+        midway leaves the step in doubt: with ``once`` it raises then (sent again, an
+        increment could count twice), the cluster's map read again for the next call."""
         redis = self._redis
         errors = redis.exceptions
-        # A slot on the move, a node gone, a slot nobody serves yet: ask the cluster
-        # where the key is now, and try there.
-        moving = (
+        refused = (
             errors.AskError,  # MovedError too
             errors.TryAgainError,
             errors.ClusterDownError,
-            redis.ConnectionError,
-            redis.TimeoutError,
-            errors.RedisClusterException,
+            errors.RedisClusterException,  # a slot nobody serves: nothing sent
         )
+        failed = (redis.ConnectionError, redis.TimeoutError)
         deadline = time.monotonic() + _FAILOVER
         pause = 0.05
         while True:
             try:
-                value = yield from call(Replicas.incr, key, delta)
-                return None if value is None else int(value)
-            except errors.NoScriptError as exc:  # a new primary: load it there
-                if time.monotonic() > deadline:
-                    raise BackendError(f"cache {self.url} keeps losing its script") from exc
-                yield from self._command("loading a script", call(Client.script_load, _INCR.source))
-                continue
-            except moving as exc:
-                if time.monotonic() > deadline:
+                return (yield from step())
+            except (*refused, *failed) as exc:
+                in_doubt = once and isinstance(exc, failed)
+                if in_doubt or time.monotonic() > deadline:
+                    if in_doubt:
+                        yield from call(Replicas.refresh)
                     detail = _urls.scrub(str(exc), self._password)
                     unreachable = f"cannot reach the cache at {self.url}: {detail}"
                     raise BackendUnavailable(unreachable) from exc
             except redis.RedisError as exc:
                 detail = _urls.scrub(str(exc), self._password)
-                failed = f"cache {self.url} failed while incrementing: {detail}"
-                raise BackendError(failed) from exc
+                failed_while = f"cache {self.url} failed while incrementing: {detail}"
+                raise BackendError(failed_while) from exc
             yield from call(Clock.sleep, pause)
             pause = min(pause * 2, 1.0)
             yield from call(Replicas.refresh)
@@ -199,6 +248,21 @@ class _NodePipes:
     def __init__(self, client: Any) -> None:
         self._client = client
         self._alone = _Alone()
+        self._senders: dict[str, SentOnce] = {}  # by node
+
+    def sender(self, key: str) -> SentOnce:
+        """Sends once to the primary of ``key``, on the node's own client."""
+        node = self._client.get_node_from_key(key)
+        own = self._client.get_redis_connection(node)
+        sender = self._senders.get(node.name)
+        if sender is None or sender.client is not own:  # new, or made again by redis-py
+            sender = self._senders[node.name] = SentOnce(own)
+        return sender
+
+    def close(self) -> None:
+        for sender in self._senders.values():
+            sender.close()
+        self._senders.clear()
 
     def incr(self, key: str, delta: int) -> Any:
         node = self._client.get_node_from_key(key)
@@ -229,8 +293,7 @@ class _AsyncNodePipes:
         self._nodes: dict[str, Any] = {}
         self._alone = _Alone()
 
-    async def incr(self, key: str, delta: int) -> Any:
-        node = self._client.get_node_from_key(key)
+    def _own(self, node: Any) -> Any:
         own = self._nodes.get(node.name)
         if own is None:  # with every connection setting of the cluster client's
             import redis.asyncio
@@ -239,6 +302,16 @@ class _AsyncNodePipes:
                 connection_class=node.connection_class, **node.connection_kwargs
             )
             own = self._nodes[node.name] = redis.asyncio.Redis.from_pool(pool)  # owns it
+        return own
+
+    def sender(self, key: str) -> AsyncSentOnce:
+        """Sends once to the primary of ``key``, on our client of it."""
+        return AsyncSentOnce(self._own(self._client.get_node_from_key(key)))
+
+    async def incr(self, key: str, delta: int) -> Any:
+        await self._client.initialize()  # the map, if no command has read it yet
+        node = self._client.get_node_from_key(key)
+        own = self._own(node)
         waits = self._alone.waits(node.name)
         async with own.pipeline(transaction=False) as pipe:
             pipe.evalsha(_INCR.sha, 1, key, delta)
@@ -293,17 +366,20 @@ class RedisClusterCache(ClusterCore):
 
     def __init__(self, client: Any, *, url: str | None = None, owns_client: bool = False):
         super().__init__(client, url=url, owns_client=owns_client)
-        self.roles = {"Client": _Commands(client), "Replicas": _NodePipes(client), "Clock": time}
+        self._pipes = _NodePipes(client)
+        commands = _Commands(client, self._pipes.sender)
+        self.roles = {"Client": commands, "Replicas": self._pipes, "Clock": time}
 
     get = blocking(RedisCore._get)
     get_many = blocking(RedisCore._get_many)
     add = blocking(RedisCore._add)
     incr = blocking(ClusterCore._incr)
     incr_many = blocking(ClusterCore._incr_many)
-    bump = blocking(RedisCore._bump)
+    bump = blocking(ClusterCore._bump)
     delete = blocking(RedisCore._delete)
 
     def close(self) -> None:
+        self._pipes.close()
         if self._owns_client:
             self._client.close()
 
@@ -333,14 +409,15 @@ class AsyncRedisClusterCache(ClusterCore):
     def __init__(self, client: Any, *, url: str | None = None, owns_client: bool = False):
         super().__init__(client, url=url, owns_client=owns_client)
         self._pipes = _AsyncNodePipes(client)
-        self.roles = {"Client": _Commands(client), "Replicas": self._pipes, "Clock": asyncio}
+        commands = _AsyncCommands(client, self._pipes.sender)
+        self.roles = {"Client": commands, "Replicas": self._pipes, "Clock": asyncio}
 
     get = awaitable(RedisCore._get)
     get_many = awaitable(RedisCore._get_many)
     add = awaitable(RedisCore._add)
     incr = awaitable(ClusterCore._incr)
     incr_many = awaitable(ClusterCore._incr_many)
-    bump = awaitable(RedisCore._bump)
+    bump = awaitable(ClusterCore._bump)
     delete = awaitable(RedisCore._delete)
 
     async def close(self) -> None:

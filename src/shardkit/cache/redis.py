@@ -58,31 +58,19 @@ class Client(Protocol):
     def script_load(self, script: str) -> Any: ...
 
 
-class SentOnce:
-    """Plays ``Client`` for the sync cache: the redis-py client, except that the commands
-    that add (``INCRBY``, ``EVALSHA`` of the increment scripts) are sent once, on a
-    connection of the client's pool that this cache keeps checked out, and never again.
-    redis-py retries a command whose connection fails where the client has a retry
-    policy (one made by its constructor retries ten times): an increment whose reply was
-    lost would count twice. Here it raises, and its caller may
-    or may not have counted, as the counters' contracts say. Skipping the client's
-    per-command machinery (retries, observability hooks, a checkout from the pool) also
-    saves ≈ 30 µs of CPU a command, the hot path of a buffered counter.
-
-    A held connection that has data waiting or was closed by the server (a restart) is
-    reconnected before it is used, as the pool does for its own. Thread-safe: each
-    connection serves one command at a time. A forked child holds none of its parent's.
-    """
+class _Sender:
+    """Plays ``Client`` for a cache: the redis-py client's commands, except that those
+    that add (``INCRBY``, ``EVALSHA`` of the increment scripts) are sent once by
+    ``_once`` and never again. redis-py retries a command whose connection fails where
+    the client has a retry policy (one made by its constructor retries ten times; a
+    cluster client retries a few times on every node): an increment whose reply was lost
+    would count twice. Here it raises, and its caller may or may not have counted, as
+    the counters' contracts say."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self._pool = client.connection_pool
         self._refused = _redis_module().ResponseError
-        self._reset()
-        reset_in_child(self, SentOnce._reset)
-
-    def _reset(self) -> None:
-        self._held: collections.deque[Any] = collections.deque()
 
     def get(self, name: str) -> Any:
         return self.client.get(name)
@@ -104,6 +92,29 @@ class SentOnce:
 
     def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
         return self._once("EVALSHA", sha, numkeys, *keys_and_args)
+
+    def _once(self, *command: Any) -> Any:
+        raise NotImplementedError
+
+
+class SentOnce(_Sender):
+    """``_Sender`` of a sync client: an increment goes on a connection of the client's
+    pool that this sender keeps checked out. Skipping the client's per-command machinery
+    (retries, observability hooks, a checkout from the pool) also saves ≈ 30 µs of CPU a
+    command, the hot path of a buffered counter.
+
+    A held connection that has data waiting or was closed by the server (a restart) is
+    reconnected before it is used, as the pool does for its own. Thread-safe: each
+    connection serves one command at a time. A forked child holds none of its parent's.
+    """
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(client)
+        self._reset()
+        reset_in_child(self, SentOnce._reset)
+
+    def _reset(self) -> None:
+        self._held: collections.deque[Any] = collections.deque()
 
     def _once(self, *command: Any) -> Any:
         try:
@@ -135,6 +146,21 @@ class SentOnce:
             self._pool.release(self._held.pop())
 
 
+class AsyncSentOnce(_Sender):
+    """``_Sender`` of a ``redis.asyncio`` client: an increment goes on a connection
+    checked out of the client's pool for it (connected and checked by the pool), which
+    redis-py closes if the send or the read fails or is cancelled (a reply may be on its
+    way) before it goes back."""
+
+    async def _once(self, *command: Any) -> Any:
+        conn = await self._pool.get_connection()
+        try:
+            await conn.send_command(*command)
+            return await conn.read_response()
+        finally:
+            await self._pool.release(conn)
+
+
 class _Script:
     """A Lua script, run by its digest (loaded into the server the first time it is
     missing there)."""
@@ -153,9 +179,10 @@ _INCR_MANY = _Script(_INCR_MANY_IF_EXIST)
 
 class RedisCore:
     """What the sync and async Redis caches share: ``Cache``'s methods, as programs run
-    on the role ``Client``."""
+    on the role ``Client``, played as each form sets in its ``roles``."""
 
     shared = True
+    roles: dict[str, Any]
 
     def __init__(self, client: Any, *, url: str | None = None, owns_client: bool = False):
         self._client = client
@@ -165,7 +192,6 @@ class RedisCore:
             self.url, self._password = _urls.redact(url), urlsplit(url).password
         else:
             self.url, self._password = self._describe(client)
-        self.roles = {"Client": client}
 
     @staticmethod
     def _describe(client: Any) -> tuple[str, str | None]:
@@ -262,7 +288,11 @@ class RedisCache(RedisCore):
 
 class AsyncRedisCache(RedisCore):
     """Redis as the shared cache of an async kit (``redis.asyncio``): ``RedisCache``'s
-    methods, awaited, on the same keys."""
+    methods, awaited, on the same keys. Increments are sent once (``AsyncSentOnce``)."""
+
+    def __init__(self, client: Any, *, url: str | None = None, owns_client: bool = False):
+        super().__init__(client, url=url, owns_client=owns_client)
+        self.roles = {"Client": AsyncSentOnce(client)}
 
     @classmethod
     def from_url(cls, url: str) -> AsyncRedisCache:
