@@ -16,6 +16,7 @@ from django.core.management import call_command
 from django.db import connections, models, transaction
 from django.db.models import F, Value
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from shardkit.contrib.django import CountingQuerySet, NotACountingUpdate, ShardedCount, kit
 from shardkit.contrib.django.counts import check_managers
@@ -223,6 +224,27 @@ def test_a_counting_update_runs_prepared_unless_behind_a_pooler(database: str) -
     counting = [sql for sql in prepared if sql.startswith("INSERT INTO") and "EXISTS" in sql]
     assert len(counting) == (0 if pooled else 1)
     assert views(video) == 3
+
+
+def test_a_counting_statement_is_seen_by_execute_wrappers_and_the_query_log(
+    database: str,
+) -> None:
+    video = Video.objects.create(title="a")
+    seen: list[str] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    connection = connections[database]
+    with connection.execute_wrapper(wrapper):  # as instrumentation (APM) installs
+        assert Video.objects.filter(pk=video.pk).update(views=F("views") + 1) == 1
+    with CaptureQueriesContext(connection) as logged:  # as DEBUG logs them
+        assert Video.objects.filter(pk=video.pk).update(views=F("views") + 1) == 1
+    shards = kit().store.shards_table.name
+    assert [sql for sql in seen if shards in sql][0].startswith("INSERT INTO")
+    assert any(shards in query["sql"] for query in logged.captured_queries)
+    assert views(video) == 2
 
 
 def test_a_counting_update_of_a_buffered_count_by_key_needs_no_read(database: str) -> None:

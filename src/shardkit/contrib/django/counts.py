@@ -432,10 +432,12 @@ def _rows(connection: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, .
     """The rows of the counting statement ``sql`` run on Django's ``connection``, in its
     transaction. On PostgreSQL through psycopg 3, not behind a pooler, it runs prepared,
     on a cursor of psycopg's own: the server plans it once per connection rather than on
-    every request, and Django's cursor wrapper (its execute wrappers and query log) is
-    skipped. Elsewhere (psycopg2, a pooler, other databases) it goes through Django's
-    cursor."""
-    if not _psycopg(connection):
+    every request, and Django's cursor wrapper is skipped — unless something watches
+    it (an execute wrapper, as instrumentation installs; the query log, with ``DEBUG``
+    or in a test's ``assertNumQueries``). Elsewhere (psycopg2, a pooler, other
+    databases) and then, it goes through Django's cursor."""
+    watched = connection.execute_wrappers or connection.queries_logged
+    if watched or not _psycopg(connection):
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             return list(cursor.fetchall())
