@@ -428,6 +428,9 @@ def test_a_cache_outage_is_logged_in_a_few_lines_that_count_the_failures(
         redis.stop()
         phase.wait()
         phase.wait()
+        # The writers may be done before the adjuster's first send (``adjust_delay``):
+        # the cache stays down until that send has failed.
+        wait_for(lambda: "failed while adjusting" in caplog.text, "the first failure", DEADLINE)
         redis.start()
         phase.wait()
         wait_for(lambda: "works again" in caplog.text, "the line saying it works again", DEADLINE)
