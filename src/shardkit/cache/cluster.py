@@ -191,8 +191,9 @@ class ClusterCore(RedisCore):
         """Carry ``step`` out, followed to its key's new primary (a failover, a migrated
         slot) for up to ``_FAILOVER`` seconds while the cluster answers that it is not
         there (nothing was applied) or no node of it answers. A connection that fails
-        midway leaves the step in doubt: with ``once`` it raises then (sent again, an
-        increment could count twice), the cluster's map read again for the next call."""
+        leaves the step in doubt (it may have been applied first): with ``once`` it
+        raises then (sent again, an increment could count twice), the cluster's map read
+        again for the next call."""
         redis = self._redis
         errors = redis.exceptions
         refused = (
@@ -256,6 +257,8 @@ class _NodePipes:
         own = self._client.get_redis_connection(node)
         sender = self._senders.get(node.name)
         if sender is None or sender.client is not own:  # new, or made again by redis-py
+            if sender is not None:
+                sender.close()
             sender = self._senders[node.name] = SentOnce(own)
         return sender
 
