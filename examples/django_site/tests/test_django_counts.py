@@ -242,7 +242,7 @@ def test_a_counting_statement_is_seen_by_execute_wrappers_and_the_query_log(
     with CaptureQueriesContext(connection) as logged:  # as DEBUG logs them
         assert Video.objects.filter(pk=video.pk).update(views=F("views") + 1) == 1
     shards = kit().store.shards_table.name
-    assert [sql for sql in seen if shards in sql][0].startswith("INSERT INTO")
+    assert next(sql for sql in seen if shards in sql).startswith("INSERT INTO")
     assert any(shards in query["sql"] for query in logged.captured_queries)
     assert views(video) == 2
 
