@@ -48,8 +48,8 @@ class AsyncSqlStore(SqlCore):
     own (committed or rolled back, the connection back in the pool). An interrupted
     statement would leave its connection to be thrown away, and aiosqlite's, stopped
     rather than closed, keeps its open transaction — the database's write lock — until
-    garbage collection. Behind a pooler (PgBouncer in
-    transaction mode), psycopg's automatic preparing is turned off, as in the sync store.
+    garbage collection. Behind a pooler (PgBouncer in transaction mode), psycopg's
+    automatic preparing is turned off, as in the sync store.
     """
 
     def __init__(
