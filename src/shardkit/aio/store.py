@@ -43,13 +43,16 @@ _DRIVERS = {
 class AsyncSqlStore(SqlCore):
     """``Store``'s methods, awaited, on an ``AsyncEngine``.
 
-    Belongs to the event loop it is used on. A call is never interrupted midway: a
-    cancelled caller stops waiting at once, and its statements finish on a task of their
-    own (committed or rolled back, the connection back in the pool). An interrupted
-    statement would leave its connection to be thrown away, and aiosqlite's, stopped
-    rather than closed, keeps its open transaction — the database's write lock — until
-    garbage collection. Behind a pooler (PgBouncer in transaction mode), psycopg's
-    automatic preparing is turned off, as in the sync store.
+    Belongs to the event loop it is used on. A transaction or a read is never interrupted
+    midway: a cancelled caller stops waiting at once, and its statements finish on a
+    task of their own (committed or rolled back, the connection back in the pool). An
+    interrupted statement would leave its connection to be thrown away, and aiosqlite's,
+    stopped rather than closed, keeps its open transaction — the database's lock — until
+    garbage collection. The shard upsert, one autocommitted statement that leaves no
+    transaction open, runs on its caller's task (the counters' writes come from a
+    combiner's batch task, which no caller's cancellation reaches). Behind a pooler
+    (PgBouncer in transaction mode), psycopg's automatic preparing is turned off, as in
+    the sync store.
     """
 
     def __init__(
@@ -129,10 +132,7 @@ class AsyncSqlStore(SqlCore):
             raise self._error(exc, action) from exc
 
     async def fast_add(self, params: Mapping[str, Any]) -> None:
-        """Run the shard upsert, committed at once (never interrupted midway)."""
-        await self._whole(self._fast_add(params))
-
-    async def _fast_add(self, params: Mapping[str, Any]) -> None:
+        """Run the shard upsert, committed at once."""
         try:
             async with self.engine.connect() as conn:
                 await conn.execution_options(isolation_level="AUTOCOMMIT")
