@@ -345,6 +345,36 @@ def test_cancelled_buffered_increments_counted_or_not_never_half(
     assert parts == (value, 0)
 
 
+def test_a_flush_moves_a_cancelled_increment_whose_command_is_on_its_way(
+    sqlite_url: str, name: str
+) -> None:
+    """An increment cancelled while its cache command is being sent counts; a flush
+    begun before that command lands waits for it and moves it, leaving nothing behind."""
+
+    async def work(kit: shardkit.aio.AsyncKit) -> tuple[int, Any]:
+        hits = await kit.buffered(name, interval=3600)
+        await hits.incr()
+        sending, landing = asyncio.Event(), asyncio.Event()
+        real = kit.cache.bump
+
+        async def slow_bump(key: str, delta: int) -> Any:
+            sending.set()
+            await landing.wait()
+            return await real(key, delta)
+
+        kit.cache.bump = slow_bump
+        increment = asyncio.create_task(hits.incr(5))
+        await sending.wait()
+        increment.cancel()
+        flush = asyncio.create_task(hits.flush())
+        asyncio.get_running_loop().call_later(0.05, landing.set)  # the flush has begun
+        moved = await flush
+        assert increment.cancelled()
+        return moved, await hits.parts()
+
+    assert with_kit(sqlite_url, "memory://", work) == (6, (6, 0))
+
+
 def test_scheduled_flushes_run_on_the_event_loop(sqlite_url: str, name: str) -> None:
     """The interval's flush comes due as a task of the kit's loop: the store has the
     counts without any call to flush."""

@@ -8,6 +8,7 @@ import json
 import os
 import random
 import signal
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -137,6 +138,50 @@ def test_kit_opened_before_fork_keeps_working_in_children(
 
     with target.connect() as kit:
         assert kit.get(name).value(fresh=True) == expected
+
+
+def test_a_fork_waits_for_other_threads_to_leave_sqlite(
+    sqlite_url: str, name: str, tmp_path: Path
+) -> None:
+    """Children forked while another thread of the parent writes to SQLite without pause
+    each open the database and write: none hangs or finds it locked (SQLite's locks are
+    process memory, inherited held by a child forked mid-write), and every write counts."""
+    forks, writes = 30, 5
+    with shardkit.connect(sqlite_url, "memory://", prefix=PREFIX) as kit:
+        counter = kit.sharded(name, shards=4)
+        written = 0
+        stop = threading.Event()
+
+        def write() -> None:
+            nonlocal written
+            while not stop.is_set():
+                assert counter.incr() is True
+                written += 1
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        try:
+            codes = []
+            for slot in range(forks):
+                pid = os.fork()
+                if pid == 0:  # the child: never return into pytest
+                    code = 1
+                    try:
+                        for _ in range(writes):
+                            assert counter.incr() is True
+                        kit.close()
+                        code = 0
+                    except BaseException:
+                        (tmp_path / f"child-{slot}").write_text(traceback.format_exc())
+                    finally:
+                        os._exit(code)
+                codes.append(_wait_exit(pid))
+        finally:
+            stop.set()
+            writer.join()
+        failures = [path.read_text() for path in tmp_path.glob("child-*")]
+        assert codes == [0] * forks, "\n".join(failures)
+        assert counter.value(fresh=True) == written + forks * writes
 
 
 def _live(cache_kind: str) -> Any:

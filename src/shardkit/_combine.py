@@ -190,11 +190,19 @@ class AsyncCombiner(Generic[T, R]):
         self._write = write
         self._batches: Batches[tuple[T, asyncio.Future[R]]] = Batches()
         self._task: asyncio.Task[None] | None = None  # the task writing batches
+        self._written: asyncio.Future[None] | None = None  # done when the batch being
+        # written is
 
     @property
     def waiting(self) -> int:
         """How many calls are queued for the next batch."""
         return self._batches.waiting
+
+    async def settled(self) -> None:
+        """Return once the batch being written now, if any, is written: its items, its
+        cancelled callers' included, have then applied or failed."""
+        if self._written is not None:
+            await asyncio.shield(self._written)
 
     async def __call__(self, item: T) -> R:
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
@@ -214,6 +222,7 @@ class AsyncCombiner(Generic[T, R]):
         while True:
             batch = self._batches.take()
             if batch:
+                self._written = written = asyncio.get_running_loop().create_future()
                 try:
                     results = await self._write([item for item, _ in batch])
                 except Exception as exc:
@@ -228,6 +237,9 @@ class AsyncCombiner(Generic[T, R]):
                 else:
                     for (_, future), result in zip(batch, results, strict=True):
                         future.set_result(result)
+                finally:
+                    self._written = None
+                    written.set_result(None)
             if self._batches.finish() is None:
                 self._task = None
                 return

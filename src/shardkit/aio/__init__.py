@@ -128,15 +128,21 @@ class AsyncBufferedCounter(BufferedCore):
         stripes: int = 1,
     ) -> None:
         super().__init__(info, settings, interval, stripes)
-        bumps = Sides(*(AsyncCombiner(self._bump_now(side)) for side in (0, 1)))
-        self.roles = {**settings.roles, "Executor": executor, "Bumps": bumps}
+        self._sides = [AsyncCombiner(self._bump_now(side)) for side in (0, 1)]
+        self.roles = {**settings.roles, "Executor": executor, "Bumps": Sides(*self._sides)}
 
     def _bump_now(self, side: int) -> Callable[[Sequence[int]], Awaitable[list[None]]]:
         return lambda amounts: arun(self._bump(side, amounts), self.roles)
 
     incr = awaitable(BufferedCore._incr)
     decr = awaitable(BufferedCore._decr)
-    flush = awaitable(BufferedCore._flush)
+
+    async def flush(self) -> int:
+        """``BufferedCounter.flush``, once the cache commands being sent have landed (a
+        cancelled increment's included): it moves every increment sent before it."""
+        await asyncio.gather(*(side.settled() for side in self._sides))
+        return await arun(self._flush(), self.roles)
+
     parts = awaitable(BufferedCore._parts)
     value = awaitable(BufferedCore._value)
 

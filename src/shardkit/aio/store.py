@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from shardkit import _urls
 from shardkit._program import awaitable
 from shardkit.errors import ConfigurationError, MissingDriver
-from shardkit.store.sql import SqlCore, make_engine, watch_for_poolers
+from shardkit.store.sql import SqlCore, gate_forks, make_engine, watch_for_poolers
 
 _T = TypeVar("_T")
 
@@ -51,8 +51,8 @@ class AsyncSqlStore(SqlCore):
     garbage collection. The shard upsert, one autocommitted statement that leaves no
     transaction open, runs on its caller's task (the counters' writes come from a
     combiner's batch task, which no caller's cancellation reaches). Behind a pooler
-    (PgBouncer in transaction mode), psycopg's automatic preparing is turned off, as in
-    the sync store.
+    (PgBouncer in transaction mode), psycopg's automatic preparing is turned off, and on
+    SQLite a fork waits for other threads to leave the database, as in the sync store.
     """
 
     def __init__(
@@ -63,6 +63,7 @@ class AsyncSqlStore(SqlCore):
         self._owns_engine = owns_engine
         self._finishing: set[asyncio.Task[Any]] = set()  # cancelled callers' calls
         watch_for_poolers(engine.sync_engine)
+        gate_forks(engine.sync_engine)
 
     create_schema = awaitable(SqlCore._create_schema)
     identity = awaitable(SqlCore._identity_of_store)

@@ -9,13 +9,16 @@ almost no client CPU. Dialect differences live in ``_Dialect`` and nowhere else.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import queue
 import random
 import re
+import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, cast
 
@@ -26,7 +29,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlch
 from sqlalchemy.pool import QueuePool
 
 from shardkit import _urls
-from shardkit._fork import reset_in_child
+from shardkit._fork import ForkGate, reset_in_child
 from shardkit._program import Program, blocking, call, run
 from shardkit.errors import (
     BackendError,
@@ -59,6 +62,9 @@ _DRIVERS = {
 # Connections of a forked parent: kept referenced in the child, never used, closed or
 # returned to a pool, so the child sends nothing on a socket it shares with the parent.
 _INHERITED: list[object] = []
+# The fork gate of each SQLite engine (``gate_forks``).
+_GATES: weakref.WeakKeyDictionary[Engine, ForkGate] = weakref.WeakKeyDictionary()
+_GATING = threading.Lock()
 
 
 class _Text(sa.types.TypeDecorator[str]):
@@ -256,6 +262,22 @@ def watch_for_poolers(engine: Engine) -> None:
         engine, "checkout", _detect_pooler
     ):
         sa.event.listen(engine, "checkout", _detect_pooler)
+
+
+def gate_forks(engine: Engine) -> ForkGate | None:
+    """Have a fork of the process wait while another thread has one of a SQLite
+    ``engine``'s connections checked out (a child forked mid-use inherits SQLite's locks
+    held); return that ``ForkGate``. Idempotent; None (nothing done) for other
+    databases."""
+    if engine.dialect.name != "sqlite":
+        return None
+    with _GATING:
+        gate = _GATES.get(engine)
+        if gate is None:
+            gate = _GATES[engine] = ForkGate(f"the SQLite database {engine.url.database!r}")
+            sa.event.listen(engine, "checkout", lambda _, record, __: gate.enter(record))
+            sa.event.listen(engine, "checkin", lambda _, record: gate.leave(record))
+    return gate
 
 
 def _detect_pooler(dbapi_connection: Any, record: Any, proxy: Any) -> None:
@@ -825,7 +847,8 @@ class SqlStore(SqlCore):
     """A durable store on any SQL database SQLAlchemy reaches through one of our drivers
     (its tables: see ``SqlCore``).
 
-    Thread-safe; fork-safe (a child opens its own connections). Writes without an
+    Thread-safe; fork-safe (a child opens its own connections; on SQLite a fork waits
+    for other threads to leave the database, ``gate_forks``). Writes without an
     idempotency key run on held autocommit connections (at most ``pool_size - 1`` held,
     so other users of the engine's pool are never starved).
     """
@@ -837,6 +860,7 @@ class SqlStore(SqlCore):
         self._fast_add = _Compiled(self._upsert_add, engine.dialect)
         pool = engine.pool
         self._max_held = pool.size() - 1 if isinstance(pool, QueuePool) else 0
+        self._gate = gate_forks(engine)
         self._held: queue.SimpleQueue[Connection] = queue.SimpleQueue()
         watch_for_poolers(engine)
         reset_in_child(self, SqlStore._after_fork)
@@ -916,7 +940,14 @@ class SqlStore(SqlCore):
             if run is None:
                 run = self._fast_add.runner(conn.connection.dbapi_connection)
                 info[self._fast_add] = run
-            run(params)
+            if self._gate is None:
+                run(params)
+            else:  # held between statements aside the gate: it gates this one
+                self._gate.enter(conn)
+                try:
+                    run(params)
+                finally:
+                    self._gate.leave(conn)
         except Exception as exc:
             dialect = self.engine.dialect
             failed = isinstance(exc, dialect.loaded_dbapi.Error)
@@ -939,9 +970,12 @@ class SqlStore(SqlCore):
             conn.close()
 
     def _connect_autocommit(self) -> Connection:
+        """A connection to hold between statements (aside the fork gate, if any:
+        ``fast_add`` gates each statement on it)."""
         try:
-            conn = self.engine.connect()
-            return conn.execution_options(isolation_level="AUTOCOMMIT")
+            with contextlib.nullcontext() if self._gate is None else self._gate.aside():
+                conn = self.engine.connect()
+                return conn.execution_options(isolation_level="AUTOCOMMIT")
         except SQLAlchemyError as exc:
             raise self._error(exc, "connecting") from exc
 
