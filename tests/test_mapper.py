@@ -8,6 +8,7 @@ import gc
 import json
 import math
 import random
+import re
 import threading
 import time
 import weakref
@@ -859,6 +860,115 @@ def test_a_page_whose_checkpoint_moved_on_is_rolled_back_with_fn(
 
     assert values(kit, table) == {k: v + 10 if k <= 20 else v for k, v in initial.items()}
     assert job_row(kit, job, root)[:2] == ("20", 20)
+
+
+def round_trips(engine: sa.Engine, action: Callable[[], object], path: Path) -> list[list[str]]:
+    """The round trips to PostgreSQL that ``action`` makes on connections it checks out of
+    ``engine``: in each, the first word of every statement sent (libpq's trace, unprepared
+    so that every statement shows its text)."""
+    from psycopg import pq
+
+    traced: list[Any] = []
+    with path.open("a") as out:
+
+        def trace(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+            dbapi_connection.prepare_threshold = None
+            pgconn = dbapi_connection.pgconn
+            pgconn.trace(out.fileno())
+            pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+            traced.append(pgconn)
+
+        sa.event.listen(engine, "checkout", trace)
+        try:
+            action()
+        finally:
+            sa.event.remove(engine, "checkout", trace)
+            for pgconn in traced:
+                pgconn.untrace()
+    trips: list[list[str]] = []
+    statements: list[str] = []
+    # A message per line, but a statement's own line breaks go into the trace as they are.
+    for message in re.split(r"\n(?=[FB]\t)", path.read_text()):
+        sender, _, kind, *rest = message.split("\t", 3)
+        if sender != "F":
+            continue
+        text = rest[0] if rest else ""
+        if kind == "Parse":  # an extended-protocol statement: sent on the next Sync
+            statements.append(text.split('"')[3].split()[0])
+        elif kind == "Sync":
+            trips.append(statements)
+            statements = []
+        elif kind == "Query":  # the simple protocol: a round trip of its own
+            trips.append([part.split()[0] for part in text.strip(' "\n').split(";")])
+    return trips
+
+
+def second_page_trips(
+    kit: shardkit.Kit, tables: Tables, transactional: bool, path: Path
+) -> list[list[str]]:
+    """The round trips of the second page of a range (its first read the ledger's row)."""
+    if sql_store(kit).dialect.name != "postgresql":
+        pytest.skip("libpq's trace: PostgreSQL only")
+    table, initial = key_table(tables, "sequential", 100)
+    fn = add_ten(table) if transactional else lambda batch: None
+    spec = MapSpec(TableSource(table, "k"), fn, None, 10, 1, transactional, 0)
+    mapper, job = kit.mapper, f"trips-{uuid4().hex[:8]}"
+    assert mapper.ledger.create(job, spec.dumps(None)[0])
+    mapper._hold(job, spec)
+    root = KeyRange().id(job)
+    first = mapper._step(job, root, spec, None)
+    assert first is not None
+    second: list[Any] = []
+    trips = round_trips(
+        sql_store(kit).engine,
+        lambda: second.append(mapper._step(job, root, spec, first.row)),
+        path,
+    )
+    assert second[0].state == "pending"
+    assert job_row(kit, job, root)[:2] == ("20", 20)
+    if transactional:
+        assert values(kit, table) == {k: v + 10 if k <= 20 else v for k, v in initial.items()}
+    return trips
+
+
+def test_a_transactional_pages_checkpoint_rides_with_its_commit(
+    kit: shardkit.Kit, tables: Tables, tmp_path: Path
+) -> None:
+    """A transactional page that keeps its range pending sends its checkpoint and COMMIT
+    in one query: the round trips are BEGIN, the page, fn's, and that one."""
+    trips = second_page_trips(kit, tables, True, tmp_path / "trace")
+    assert trips == [["BEGIN"], ["SELECT"], ["UPDATE"] * 10, ["WITH", "COMMIT"]]
+
+
+def test_an_at_least_once_page_reads_and_checkpoints_outside_transactions(
+    kit: shardkit.Kit, tables: Tables, tmp_path: Path
+) -> None:
+    """A page of a job that is not transactional is two round trips: its read and its
+    checkpoint, each autocommitted (no BEGIN, COMMIT or ROLLBACK)."""
+    trips = second_page_trips(kit, tables, False, tmp_path / "trace")
+    assert trips == [["SELECT"], ["UPDATE"]]
+
+
+def test_standalone_statements_commit_as_they_run_where_that_is_free(kit: shardkit.Kit) -> None:
+    """``standalone`` runs autocommitted where that is free: another connection sees its
+    write before it returns (not on MySQL, where it is a transaction); after, always."""
+    store = sql_store(kit)
+    name = f"standalone-{uuid4().hex[:8]}"
+    kit.sharded(name, shards=1)
+    shards = store.shards_table
+    total = sa.select(sa.func.coalesce(sa.func.sum(shards.c.value), 0)).where(shards.c.name == name)
+
+    def seen() -> int:
+        with store.engine.connect() as other:
+            return int(other.execute(total).scalar_one())
+
+    def work(conn: sa.Connection) -> int:
+        conn.execute(sa.insert(shards).values(name=name, shard=0, value=5))
+        return seen()
+
+    assert store.standalone("a test", work) == (5 if store.autocommits_free else 0)
+    assert store.autocommits_free == (store.dialect.name != "mysql")
+    assert seen() == 5
 
 
 def job_row(kit: shardkit.Kit, job: str, range_id: str) -> tuple[str, int, int]:

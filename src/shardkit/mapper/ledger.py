@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Compiled, Connection
 
 from shardkit._program import Program, call, run
 from shardkit.mapper.keys import Key, KeyRange, dump_key, load_key
@@ -27,6 +27,7 @@ PENDING, DONE = "pending", "done"
 STAY, SPLIT, LAST = "stay", "split", "last"  # how a page leaves its range (checkpoint)
 RUNNING, COMPLETE, CANCELLED, FAILED = "running", "complete", "cancelled", "failed"
 FINISHED = (COMPLETE, CANCELLED, FAILED)
+_DIVISION_BY_ZERO = "22012"  # SQLSTATE: ``commit_page``'s checkpoint updated no row
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,14 @@ class RangeLedger:
             shape: self._checkpoint_statement(*shape)
             for shape in itertools.product((False, True), (False, True), (STAY, SPLIT, LAST))
         }
+        self.commits_pages = store.combinable and store.engine.dialect.driver == "psycopg"
+        """Whether ``commit_page`` runs here: PostgreSQL through psycopg, on transactions
+        of the store's own (a Django store's may be savepoints of its caller's)."""
+        self._commits = {
+            shape: self._commit_statement(*shape)
+            for shape in itertools.product((False, True), (False, True))
+            if self.commits_pages
+        }
 
     def _range_is(self, job: str, range_id: str) -> Any:
         return sa.and_(self.ranges.c.job == job, self.ranges.c.id == range_id)
@@ -166,6 +175,18 @@ class RangeLedger:
         if end == LAST and not self.store.dialect.is_mysql:
             statement = statement.returning(self._another.scalar_subquery())
         return statement
+
+    def _commit_statement(self, fresh: bool, count_page: bool) -> Compiled:
+        """``commit_page``'s query: the checkpoint that keeps the range pending, made to
+        divide by zero where it updates no row, then ``COMMIT``, which PostgreSQL does
+        not run after an error in the same simple query."""
+        updated = (
+            self._checkpoints[fresh, count_page, STAY]
+            .returning(sa.literal_column("1"))
+            .cte("shardkit_updated")
+        )
+        check = sa.select(sa.literal_column("1") / sa.func.count()).select_from(updated)
+        return check.compile(dialect=self.store.engine.dialect)
 
     # -- jobs ----------------------------------------------------------------------------
 
@@ -322,17 +343,9 @@ class RangeLedger:
         waits for this transaction to commit, so it finishes after it (SQLite, with one
         writer at a time, needs no lock). Returns the children's ids and whether another
         range is held; None if another run got there first, or the job stopped."""
-        was = dump_key(row.after)
         end = STAY if children is None else SPLIT if children else LAST
-        statement = self._checkpoints[was is None, count_page, end]
-        params = {
-            "p_job": job,
-            "p_range": row.id,
-            "p_was": was,
-            "p_after": dump_key(after),
-            "p_rows": rows,
-            "p_now": time.time(),
-        }
+        statement = self._checkpoints[row.after is None, count_page, end]
+        params = _checkpoint_params(job, row, after, rows)
         result = conn.execute(statement, params)
         if end == LAST and not self.store.dialect.is_mysql:
             found = result.first()
@@ -344,6 +357,37 @@ class RangeLedger:
         if not children:  # MySQL, without UPDATE … RETURNING
             return [], conn.execute(self._another, params).first() is not None
         return self._insert(conn, job, row.id, children, row.depth + 1, time.time()), False
+
+    def commit_page(
+        self,
+        conn: Connection,
+        job: str,
+        row: RangeRow,
+        *,
+        after: Key | None,
+        rows: int,
+        count_page: bool,
+    ) -> bool:
+        """``checkpoint`` with no children (the range stays pending), then commit
+        ``conn``'s transaction: one query, so one round trip. If the range has moved on
+        or its job stopped, the transaction is rolled back instead, the page's other
+        writes with it, and the result is False. Only where ``commits_pages``."""
+        from psycopg import ClientCursor
+
+        driver: Any = conn.connection.driver_connection
+        # Bound client-side: several statements in one query need the simple protocol,
+        # which takes no parameters.
+        compiled = self._commits[row.after is None, count_page]
+        bound = compiled.construct_params(_checkpoint_params(job, row, after, rows))
+        query = ClientCursor(driver).mogrify(compiled.string, bound) + "; COMMIT"
+        try:
+            conn.exec_driver_sql(query, execution_options={"no_parameters": True}).close()
+        except sa.exc.DBAPIError as exc:
+            if getattr(exc.orig, "sqlstate", None) != _DIVISION_BY_ZERO:
+                raise
+            driver.rollback()
+            return False
+        return True
 
     def _insert(
         self,
@@ -396,6 +440,18 @@ class RangeLedger:
             return int(conn.execute(read).scalar_one())
 
         return self.store.transaction(f"recording a failure in job {job!r}", work)
+
+
+def _checkpoint_params(job: str, row: RangeRow, after: Key | None, rows: int) -> dict[str, Any]:
+    """The parameters of a checkpoint of ``rows`` rows ending at ``after`` on ``row``."""
+    return {
+        "p_job": job,
+        "p_range": row.id,
+        "p_was": dump_key(row.after),
+        "p_after": dump_key(after),
+        "p_rows": rows,
+        "p_now": time.time(),
+    }
 
 
 def _range_row(range_id: str, row: Any) -> RangeRow:

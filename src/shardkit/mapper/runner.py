@@ -367,8 +367,11 @@ class Mapper:
                 return self.store.transaction(f"mapping a range of job {job!r}", visit)
             except _Moved:
                 return None
-        # The read's connection returns to the pool before fn runs, however long.
+        # The read's connection returns to the pool before fn runs, however long; its
+        # statements are autocommitted where that is free (no BEGIN, no ROLLBACK).
         with self.store.engine.connect() as conn:
+            if self.store.autocommits_free:
+                conn = conn.execution_options(isolation_level="AUTOCOMMIT")
             page = self._read(conn, None, job, range_id, spec, row)
         return page if isinstance(page, _Next) else self._visit(None, job, spec, page)
 
@@ -414,24 +417,30 @@ class Mapper:
         return self._checkpoint(tx, job, page)
 
     def _checkpoint(self, tx: Connection | None, job: str, page: _Page) -> _Next | None:
+        """Checkpoint the page (in ``tx``, or on its own). A page that keeps its range
+        pending commits ``tx`` with its checkpoint where the ledger ``commits_pages``
+        (one round trip for both); without ``tx`` it is one autocommitted statement where
+        that is free. None: the range moved on (``tx`` is rolled back, or to be)."""
         row, children = page.row, page.children
+        after, rows, count_page = page.after, len(page.rows), not page.taken
+        going_on = _Next(
+            PENDING,
+            row=replace(row, after=after, visited=row.visited + rows, planned=page.planned),
+        )
+        if children is None and tx is not None and self.ledger.commits_pages:
+            committed = self.ledger.commit_page(
+                tx, job, row, after=after, rows=rows, count_page=count_page
+            )
+            return going_on if committed else None
 
         def write(conn: Connection) -> _Next | None:
             done = self.ledger.checkpoint(
-                conn,
-                job,
-                row,
-                after=page.after,
-                rows=len(page.rows),
-                children=children,
-                count_page=not page.taken,
+                conn, job, row, after=after, rows=rows, children=children, count_page=count_page
             )
             if done is None:
                 return None
             if children is None:
-                visited = row.visited + len(page.rows)
-                moved = replace(row, after=page.after, visited=visited, planned=page.planned)
-                return _Next(PENDING, row=moved)
+                return going_on
             # A range that finishes leaves completing the job to a pending range it holds
             # until it commits (that range's run ends later); if it holds none, it tries.
             ids, held = done
@@ -439,7 +448,10 @@ class Mapper:
 
         if tx is not None:
             return write(tx)
-        return self.store.transaction(f"checkpointing a range of job {job!r}", write)
+        action = f"checkpointing a range of job {job!r}"
+        if children is None:
+            return self.store.standalone(action, write)
+        return self.store.transaction(action, write)
 
     def _plan(
         self,

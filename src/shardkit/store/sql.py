@@ -913,6 +913,25 @@ class SqlStore(SqlCore):
                 time.sleep(self._pause_before_retry(exc, action, attempt))
         raise AssertionError("unreachable")
 
+    @property
+    def autocommits_free(self) -> bool:
+        """Whether a connection of the store's own is switched to autocommit for free (no
+        round trip: not MySQL, where ``SET autocommit`` costs one each way; not a
+        Django store, whose transactions are its caller's atomic blocks)."""
+        return self.combinable and not self.dialect.is_mysql
+
+    def standalone(self, action: str, work: Callable[[Connection], _T]) -> _T:
+        """Run ``work``, which needs no transaction around its statements (one write),
+        autocommitted where that is free (``autocommits_free``: no BEGIN, no COMMIT), in
+        a ``transaction`` elsewhere."""
+        if not self.autocommits_free:
+            return self.transaction(action, work)
+        try:
+            with self.engine.connect() as conn:
+                return work(conn.execution_options(isolation_level="AUTOCOMMIT"))
+        except SQLAlchemyError as exc:
+            raise self._error(exc, action) from exc
+
     def read(self, action: str, statement: sa.Executable, *, autocommit: bool = False) -> list[Any]:
         """Run a query and return its rows; with ``autocommit``, outside any transaction
         (no BEGIN or ROLLBACK around it: it sees whatever was committed before it)."""
