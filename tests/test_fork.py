@@ -3,6 +3,7 @@ each child opens its own connections, and never touches the parent's."""
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import json
 import os
@@ -55,17 +56,37 @@ def _child(
     return str(child_id)
 
 
-def _wait_exit(pid: int) -> int:
-    """The exit status of child ``pid``, polled with a deadline (then killed)."""
+def _fork(stacks: Path) -> int:
+    """``os.fork()``; the child dumps every thread's stack into ``stacks/{pid}`` on
+    SIGUSR1 (``_wait_exit`` asks a child that misses its deadline)."""
+    pid = os.fork()
+    if pid == 0:
+        faulthandler.register(
+            signal.SIGUSR1, (stacks / str(os.getpid())).open("w"), all_threads=True
+        )
+    return pid
+
+
+def _wait_exit(pid: int, stacks: Path) -> int:
+    """The exit status of child ``pid`` (forked by ``_fork``), polled with a deadline;
+    past it, the child's stacks are shown and it is killed."""
     deadline = time.monotonic() + DEADLINE
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             return os.waitstatus_to_exitcode(status)
         if time.monotonic() > deadline:
+            dump = stacks / str(pid)
+            os.kill(pid, signal.SIGUSR1)
+            until = time.monotonic() + 5
+            while time.monotonic() < until and not dump.read_text():
+                time.sleep(0.01)
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            pytest.fail(f"forked child {pid} did not finish within {DEADLINE:.0f} s")
+            pytest.fail(
+                f"forked child {pid} did not finish within {DEADLINE:.0f} s; its threads:\n"
+                f"{dump.read_text()}"
+            )
         time.sleep(0.01)
 
 
@@ -100,7 +121,7 @@ def test_kit_opened_before_fork_keeps_working_in_children(
 
         pids = []
         for slot in range(CHILDREN):
-            pid = os.fork()
+            pid = _fork(tmp_path)
             if pid == 0:  # the child: never return into pytest
                 code = 1
                 try:
@@ -117,7 +138,7 @@ def test_kit_opened_before_fork_keeps_working_in_children(
             for delta in workers.deltas(seeds[-1], count):  # the parent writes meanwhile
                 assert counter.incr(delta) is True
         finally:
-            codes = [_wait_exit(pid) for pid in pids]
+            codes = [_wait_exit(pid, tmp_path) for pid in pids]
         reports = [(tmp_path / f"child-{slot}").read_text() for slot in range(CHILDREN)]
         assert codes == [0] * CHILDREN, "\n".join(reports)
         assert all(report.startswith("ok ") for report in reports)
@@ -163,7 +184,7 @@ def test_a_fork_waits_for_other_threads_to_leave_sqlite(
         try:
             codes = []
             for slot in range(forks):
-                pid = os.fork()
+                pid = _fork(tmp_path)
                 if pid == 0:  # the child: never return into pytest
                     code = 1
                     try:
@@ -175,7 +196,7 @@ def test_a_fork_waits_for_other_threads_to_leave_sqlite(
                         (tmp_path / f"child-{slot}").write_text(traceback.format_exc())
                     finally:
                         os._exit(code)
-                codes.append(_wait_exit(pid))
+                codes.append(_wait_exit(pid, tmp_path))
         finally:
             stop.set()
             writer.join()
@@ -242,7 +263,7 @@ def test_every_kind_keeps_its_promise_across_fork(
         handed = [_every_kind(kit, name, 10)]  # connections open and pooled before forking
         pids = []
         for slot in range(CHILDREN):
-            pid = os.fork()
+            pid = _fork(tmp_path)
             if pid == 0:  # the child: never return into pytest
                 code = 1
                 try:
@@ -258,7 +279,7 @@ def test_every_kind_keeps_its_promise_across_fork(
         try:
             handed.append(_every_kind(kit, name, count))  # the parent counts meanwhile
         finally:
-            codes = [_wait_exit(pid) for pid in pids]
+            codes = [_wait_exit(pid, tmp_path) for pid in pids]
         reports = [(tmp_path / f"child-{slot}").read_text() for slot in range(CHILDREN)]
         assert codes == [0] * CHILDREN, "\n".join(reports)
         handed += [json.loads(report) for report in reports]
