@@ -92,6 +92,31 @@ def test_interpolate_gives_increasing_points_strictly_inside(kind, data, parts):
     assert all(a < b for a, b in pairwise(points))
 
 
+HEX = "0123456789abcdef"
+
+
+@FAST
+@given(
+    keys=st.lists(st.text(HEX, max_size=12), min_size=2, max_size=2, unique=True),
+    parts=st.integers(0, 40),
+)
+def test_interpolate_over_an_alphabet_stays_in_it_and_strictly_inside(keys, parts):
+    lo, hi = sorted(keys)
+    points = interpolate(lo, hi, parts, HEX)
+    assert len(points) <= max(parts - 1, 0)
+    assert all(set(point) <= set(HEX) for point in points)
+    assert all(lo < point < hi for point in points)
+    assert all(a < b for a, b in pairwise(points))
+
+
+def test_interpolate_over_an_alphabet_spaces_by_its_ranks():
+    """Hex keys are spread over 16 characters, not over the code points between '0' and
+    'f' (39 of which are no hex digit): over the alphabet, halfway is where it is."""
+    assert interpolate("10", "20", 2, HEX) == ["18"]
+    assert interpolate("10", "20", 2) != ["18"]
+    assert interpolate("1g", "20", 2, HEX) == interpolate("1g", "20", 2)  # not all in it
+
+
 @FAST
 @given(lo=INTS, gap=st.integers(0, 2**200), parts=st.integers(2, 50))
 def test_interpolate_ints_with_room_gives_all_points_evenly_spaced(lo, gap, parts):

@@ -4,6 +4,7 @@ every SQL store, and the signed specs in which jobs travel to other processes.""
 from __future__ import annotations
 
 import base64
+import bisect
 import gc
 import json
 import math
@@ -687,6 +688,19 @@ def test_cuts_never_pile_up_nor_hold_nul() -> None:
     cuts = _targets(["item1", "item1999"], 64)
     assert cuts == sorted(set(cuts))
     assert not any("\0" in cut for cut in cuts)
+
+
+def test_cuts_inside_a_histograms_buckets_follow_its_alphabet() -> None:
+    """Cuts that fall inside the buckets of a histogram of hex strings are placed over the
+    hex digits, where the rows are: each within 0.05 % of the rows from where it aims
+    (over code points, up to 0.4 % off)."""
+    rng = random.Random(5)
+    keys = sorted(f"{rng.getrandbits(128):032x}" for _ in range(100_000))
+    edges = [keys[min(len(keys) - 1, i * len(keys) // 100)] for i in range(101)]
+    cuts = _targets(edges, 8)
+    below = [bisect.bisect_left(keys, cut) / len(keys) for cut in cuts]
+    assert len(cuts) == 7
+    assert all(abs(share - k / 8) < 0.0005 for k, share in enumerate(below, 1))
 
 
 class Misinformed(TableSource):

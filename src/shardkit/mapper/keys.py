@@ -96,15 +96,18 @@ class KeyRange:
         return (self.lo is None or self.lo <= key) and (self.hi is None or key < self.hi)  # type: ignore[operator]
 
 
-def interpolate(lo: Key, hi: Key, parts: int) -> list[Key]:
+def interpolate(lo: Key, hi: Key, parts: int, alphabet: str = "") -> list[Key]:
     """Up to ``parts - 1`` keys strictly between ``lo`` and ``hi``, increasing and about
     evenly spaced in the key space (bisection for ``parts = 2``), in Python's order. Fewer,
     or none, when the space between is too small. ``lo`` and ``hi`` are of one type,
     ``lo < hi``.
 
     For strings, code points are the digits (surrogates skipped, so every point encodes
-    as UTF-8); for composite keys, the first component where ``lo`` and ``hi`` differ
-    is interpolated and the rest of ``lo`` kept.
+    as UTF-8), or, given an ``alphabet`` (increasing characters, at least two) that
+    holds every character of ``lo`` and ``hi``, the characters' ranks in it: keys of a
+    narrow alphabet (hex, digits) are spaced as they are spread, not over code points
+    they never use. For composite keys, the first component where ``lo`` and ``hi``
+    differ is interpolated and the rest of ``lo`` kept.
     """
     if parts < 2:
         return []
@@ -119,6 +122,12 @@ def interpolate(lo: Key, hi: Key, parts: int) -> list[Key]:
     if isinstance(lo, bytes) and isinstance(hi, bytes):
         return [bytes(digits) for digits in _between_digits(list(lo), list(hi), 256, parts)]
     if isinstance(lo, str) and isinstance(hi, str):
+        if len(alphabet) > 1 and set(alphabet).issuperset(lo + hi):
+            rank = {char: i for i, char in enumerate(alphabet)}
+            found = _between_digits(
+                [rank[c] for c in lo], [rank[c] for c in hi], len(alphabet), parts
+            )
+            return ["".join(alphabet[d] for d in digits) for digits in found]
         found = _between_digits(
             [_digit(c) for c in lo], [_digit(c) for c in hi], _CODE_POINTS, parts
         )

@@ -655,9 +655,13 @@ def _targets(edges: Sequence[Key], parts: int) -> list[Key]:
     into parts of about equal rows, if the stretches between neighbouring edges
     (increasing) each hold about as many rows — a histogram's buckets; with two edges,
     even steps of key arithmetic. A cut that falls inside a bucket is placed by key
-    arithmetic in it, to a 64th of the bucket; where there is no room for it, none (the
-    cuts left are fewer, never piled on one key). Increasing in Python's order."""
+    arithmetic in it, to a 64th of the bucket (strings over the alphabet of a
+    histogram's bounds); where there is no room for it, none (the cuts left are fewer,
+    never piled on one key). Increasing in Python's order."""
     buckets = len(edges) - 1
+    alphabet = ""
+    if buckets > 1 and all(isinstance(edge, str) for edge in edges):
+        alphabet = "".join(sorted(set().union(*edges)))  # type: ignore[arg-type]
     targets: list[Key] = []
     for k in range(1, parts):
         at = buckets * k / parts
@@ -668,7 +672,7 @@ def _targets(edges: Sequence[Key], parts: int) -> list[Key]:
         elif step >= _STEPS:
             target = edges[i + 1]
         else:
-            target = _inside(edges[i], edges[i + 1], step)
+            target = _inside(edges[i], edges[i + 1], step, alphabet)
         if target is not None and not _has_nul(target):
             targets.append(target)
     try:  # each once, increasing: equal or crossed targets would only make empty pieces
@@ -677,13 +681,14 @@ def _targets(edges: Sequence[Key], parts: int) -> list[Key]:
         return list(dict.fromkeys(targets))
 
 
-def _inside(lo: Key, hi: Key, step: int) -> Key | None:
-    """The key ``step / _STEPS`` of the way from ``lo`` to ``hi`` by key arithmetic, or
-    the nearest there is room for. Composite keys whose first differing part has no
-    room (adjacent values: tenants 1 and 2) are cut where that part steps to ``hi``'s,
-    the rest kept from ``lo``. None where there is no room at all."""
+def _inside(lo: Key, hi: Key, step: int, alphabet: str) -> Key | None:
+    """The key ``step / _STEPS`` of the way from ``lo`` to ``hi`` by key arithmetic (see
+    ``interpolate`` for the ``alphabet``), or the nearest there is room for. Composite
+    keys whose first differing part has no room (adjacent values: tenants 1 and 2) are
+    cut where that part steps to ``hi``'s, the rest kept from ``lo``. None where there is
+    no room at all."""
     try:
-        points = interpolate(lo, hi, _STEPS)
+        points = interpolate(lo, hi, _STEPS, alphabet)
     except UnsupportedKey:
         return None
     if points:
