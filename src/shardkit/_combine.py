@@ -190,8 +190,8 @@ class AsyncCombiner(Generic[T, R]):
         self._write = write
         self._batches: Batches[tuple[T, asyncio.Future[R]]] = Batches()
         self._task: asyncio.Task[None] | None = None  # the task writing batches
-        self._written: asyncio.Future[None] | None = None  # done when the batch being
-        # written is
+        # Done once the batch being written now is written (``settled``).
+        self._written: asyncio.Future[None] | None = None
 
     @property
     def waiting(self) -> int:
