@@ -4,6 +4,7 @@ each child opens its own connections, and never touches the parent's."""
 from __future__ import annotations
 
 import faulthandler
+import functools
 import gc
 import json
 import os
@@ -12,6 +13,7 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,8 @@ def _server_id(conn: sa.Connection) -> int | None:
 def _child(
     kit: shardkit.Kit, name: str, seed: int, count: int, parent_dbapi: Any, parent_id: Any
 ) -> str:
-    """What a forked child does with the inherited kit; returns its server connection id."""
+    """What a forked child does with the inherited kit; returns "ok" and its server
+    connection id."""
     engine: sa.Engine = kit.store.engine  # type: ignore[attr-defined]
     with engine.connect() as conn:
         assert conn.connection.dbapi_connection is not parent_dbapi, "reused the parent's"
@@ -53,17 +56,28 @@ def _child(
         assert counter.incr(delta) is True
     counter.value()  # a cached read, which may fill the cache
     kit.close()  # closes the child's connections only
-    return str(child_id)
+    return f"ok {child_id}"
 
 
-def _fork(stacks: Path) -> int:
-    """``os.fork()``; the child dumps every thread's stack into ``stacks/{pid}`` on
-    SIGUSR1 (``_wait_exit`` asks a child that misses its deadline)."""
+def _fork(folder: Path, slot: int, work: Callable[[], str]) -> int:
+    """Fork a child that runs ``work`` and exits: 0 with what it returned in
+    ``folder/child-{slot}``, 1 with its traceback there. On SIGUSR1 the child dumps every
+    thread's stack into ``folder/{pid}`` (``_wait_exit`` asks one that misses its
+    deadline)."""
     pid = os.fork()
-    if pid == 0:
+    if pid == 0:  # the child: never return into pytest
         faulthandler.register(
-            signal.SIGUSR1, (stacks / str(os.getpid())).open("w"), all_threads=True
+            signal.SIGUSR1, (folder / str(os.getpid())).open("w"), all_threads=True
         )
+        code, report = 1, ""
+        try:
+            report = work()
+            code = 0
+        except BaseException:
+            report = traceback.format_exc()
+        finally:
+            (folder / f"child-{slot}").write_text(report)
+            os._exit(code)
     return pid
 
 
@@ -121,18 +135,8 @@ def test_kit_opened_before_fork_keeps_working_in_children(
 
         pids = []
         for slot in range(CHILDREN):
-            pid = _fork(tmp_path)
-            if pid == 0:  # the child: never return into pytest
-                code = 1
-                try:
-                    report = _child(kit, name, seeds[slot], count, parent_dbapi, parent_id)
-                    (tmp_path / f"child-{slot}").write_text(f"ok {report}")
-                    code = 0
-                except BaseException:
-                    (tmp_path / f"child-{slot}").write_text(traceback.format_exc())
-                finally:
-                    os._exit(code)
-            pids.append(pid)
+            work = (kit, name, seeds[slot], count, parent_dbapi, parent_id)
+            pids.append(_fork(tmp_path, slot, functools.partial(_child, *work)))
 
         try:
             for delta in workers.deltas(seeds[-1], count):  # the parent writes meanwhile
@@ -179,29 +183,23 @@ def test_a_fork_waits_for_other_threads_to_leave_sqlite(
                 assert counter.incr() is True
                 written += 1
 
+        def count_and_close() -> str:
+            for _ in range(writes):
+                assert counter.incr() is True
+            kit.close()
+            return "ok"
+
         writer = threading.Thread(target=write)
         writer.start()
         try:
             codes = []
             for slot in range(forks):
-                pid = _fork(tmp_path)
-                if pid == 0:  # the child: never return into pytest
-                    code = 1
-                    try:
-                        for _ in range(writes):
-                            assert counter.incr() is True
-                        kit.close()
-                        code = 0
-                    except BaseException:
-                        (tmp_path / f"child-{slot}").write_text(traceback.format_exc())
-                    finally:
-                        os._exit(code)
-                codes.append(_wait_exit(pid, tmp_path))
+                codes.append(_wait_exit(_fork(tmp_path, slot, count_and_close), tmp_path))
         finally:
             stop.set()
             writer.join()
-        failures = [path.read_text() for path in tmp_path.glob("child-*")]
-        assert codes == [0] * forks, "\n".join(failures)
+        reports = [(tmp_path / f"child-{slot}").read_text() for slot in range(forks)]
+        assert codes == [0] * forks, "\n".join(reports)
         assert counter.value(fresh=True) == written + forks * writes
 
 
@@ -262,20 +260,14 @@ def test_every_kind_keeps_its_promise_across_fork(
     with shardkit.connect(store, cache, prefix=PREFIX) as kit:
         handed = [_every_kind(kit, name, 10)]  # connections open and pooled before forking
         pids = []
+
+        def count_and_close() -> str:
+            report = json.dumps(_every_kind(kit, name, count))
+            kit.close()
+            return report
+
         for slot in range(CHILDREN):
-            pid = _fork(tmp_path)
-            if pid == 0:  # the child: never return into pytest
-                code = 1
-                try:
-                    report = json.dumps(_every_kind(kit, name, count))
-                    kit.close()
-                    code = 0
-                except BaseException:
-                    report = traceback.format_exc()
-                finally:
-                    (tmp_path / f"child-{slot}").write_text(report)
-                    os._exit(code)
-            pids.append(pid)
+            pids.append(_fork(tmp_path, slot, count_and_close))
         try:
             handed.append(_every_kind(kit, name, count))  # the parent counts meanwhile
         finally:
