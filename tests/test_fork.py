@@ -7,6 +7,7 @@ import faulthandler
 import functools
 import gc
 import json
+import logging
 import os
 import random
 import signal
@@ -201,6 +202,45 @@ def test_a_fork_waits_for_other_threads_to_leave_sqlite(
         reports = [(tmp_path / f"child-{slot}").read_text() for slot in range(forks)]
         assert codes == [0] * forks, "\n".join(reports)
         assert counter.value(fresh=True) == written + forks * writes
+
+
+def test_a_fork_waits_for_sqlite_at_most_fork_wait_and_never_for_its_own_thread(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """The forking thread's own connection holds no fork back; another thread's, held
+    past ``FORK_WAIT``, holds it that long, then the fork goes on with a warning."""
+    from shardkit import _fork as hooks
+
+    monkeypatch.setattr(hooks, "FORK_WAIT", 60.0)
+    with shardkit.connect(sqlite_url, "memory://", prefix=PREFIX) as kit:
+        engine: sa.Engine = kit.store.engine  # type: ignore[attr-defined]
+        with engine.connect() as conn, caplog.at_level(logging.WARNING, "shardkit"):
+            conn.exec_driver_sql("SELECT 1")
+            assert _wait_exit(_fork(tmp_path, 0, lambda: "ok"), tmp_path) == 0
+        assert not caplog.records  # within 60 s, and without a warning
+
+        monkeypatch.setattr(hooks, "FORK_WAIT", 0.2)
+        held, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with engine.connect() as conn:
+                conn.exec_driver_sql("SELECT 1")
+                held.set()
+                release.wait(60)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        try:
+            assert held.wait(60)
+            with caplog.at_level(logging.WARNING, "shardkit"):
+                assert _wait_exit(_fork(tmp_path, 1, lambda: "ok"), tmp_path) == 0
+        finally:
+            release.set()
+            holder.join()
+        assert [r.getMessage() for r in caplog.records] == [
+            f"forking while another thread uses the SQLite database "
+            f"{engine.url.database!r}: the child may find it locked"
+        ]
 
 
 def _live(cache_kind: str) -> Any:
