@@ -61,7 +61,8 @@ by exactly 1 and no other row changed; with ``--fn noop``, no balance changed. E
 mode but ``offset`` must visit every row.
 
 Per mode: seconds, rows/s and their ratio to ``keyset`` and ``fixed``; the CPU seconds of
-this process (all its threads) over the same span, and their ratio to ``fixed``'s; and
+this process (all its threads) over the same span, and their ratio to ``fixed``'s; the
+whole machine's CPU seconds over it (``/proc/stat``: the database's work shows there); and
 the tuples PostgreSQL read from the table per row visited: ``seq_tup_read +
 idx_tup_fetch`` of ``pg_stat_user_tables``, read before and after the run; next to it the
 entries read from the table's indexes per row (``idx_tup_read`` of
@@ -101,7 +102,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from rich.console import Console
@@ -205,6 +206,9 @@ class Result:
     """Measured, or (``extrapolated``) the estimate for the whole table."""
     cpu: float
     """CPU seconds of this process (all threads) over the measured span."""
+    machine: float | None = None
+    """CPU seconds of the whole machine (every process: this one and the database's) over
+    the measured span; None where ``/proc/stat`` is not there to read."""
     exact: bool = True
     extrapolated: bool = False
     note: str = ""
@@ -237,15 +241,35 @@ def make_work(keys: Keys, args: argparse.Namespace) -> Work:
     return work
 
 
-def clock() -> tuple[float, float]:
-    """Wall and CPU (this process, all threads) seconds, to subtract."""
-    return time.perf_counter(), time.process_time()
+class Clock(NamedTuple):
+    wall: float
+    cpu: float
+    """This process's, all threads."""
+    machine: float | None
+    """Every process's (``/proc/stat``: user, nice, system, irq and softirq time)."""
 
 
-def since(start: tuple[float, float]) -> tuple[float, float]:
-    """Wall and CPU seconds since ``clock()`` gave ``start``."""
-    wall, cpu = clock()
-    return wall - start[0], cpu - start[1]
+def machine_cpu() -> float | None:
+    """The CPU seconds the machine has spent, every process and core; None off Linux."""
+    try:
+        with open("/proc/stat") as stat:
+            ticks = [int(field) for field in stat.readline().split()[1:8]]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = ticks
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def clock() -> Clock:
+    """Wall, CPU (this process) and machine CPU seconds, to subtract."""
+    return Clock(time.perf_counter(), time.process_time(), machine_cpu())
+
+
+def since(start: Clock) -> Clock:
+    """Wall, CPU and machine CPU seconds since ``clock()`` gave ``start``."""
+    now = clock()
+    machine = None if now.machine is None or start.machine is None else now.machine - start.machine
+    return Clock(now.wall - start.wall, now.cpu - start.cpu, machine)
 
 
 def total_balance(engine: sa.Engine, table: str) -> int:
@@ -350,10 +374,10 @@ def run_keyset(keys: Keys, args: argparse.Namespace) -> Result:
         warm(engine, 1)
         start = clock()
         visited = walk(engine, keys.table, work, args.page_size)
-        seconds, cpu = since(start)
+        seconds, cpu, machine = since(start)
     finally:
         engine.dispose()
-    return Result(keys.kind, "keyset", visited, seconds, cpu)
+    return Result(keys.kind, "keyset", visited, seconds, cpu, machine)
 
 
 def cut_points(conn: sa.Connection, keys: Keys, low: Any, high: Any, parts: int) -> list[Any]:
@@ -411,7 +435,7 @@ def run_fixed(keys: Keys, args: argparse.Namespace, *, balanced: bool = False) -
                     range(len(bounds) - 1),
                 )
             )
-        seconds, cpu = since(start)
+        seconds, cpu, machine = since(start)
     finally:
         engine.dispose()
     visited = sum(counts)
@@ -420,7 +444,8 @@ def run_fixed(keys: Keys, args: argparse.Namespace, *, balanced: bool = False) -
         f"{len(counts)} ranges {where}; the busiest held "
         f"{max(counts) / max(1, visited):.0%} of the rows"
     )
-    return Result(keys.kind, "balanced" if balanced else "fixed", visited, seconds, cpu, note=note)
+    mode = "balanced" if balanced else "fixed"
+    return Result(keys.kind, mode, visited, seconds, cpu, machine, note=note)
 
 
 def run_offset(keys: Keys, args: argparse.Namespace) -> Result:
@@ -436,7 +461,7 @@ def run_offset(keys: Keys, args: argparse.Namespace) -> Result:
     try:
         warm(engine, 1)
         start = clock()
-        while time.perf_counter() - start[0] < args.offset_seconds:
+        while time.perf_counter() - start.wall < args.offset_seconds:
             page_started = time.perf_counter()
             with engine.begin() as conn:
                 result = conn.execute(statement, {"page": args.page_size, "offset": visited})
@@ -448,11 +473,13 @@ def run_offset(keys: Keys, args: argparse.Namespace) -> Result:
             visited += len(ids)
             reads.append(read - page_started)
             rests.append(time.perf_counter() - read)
-        measured, cpu = since(start)
+        measured, cpu, machine = since(start)
     finally:
         engine.dispose()
     if visited >= args.rows:
-        return Result(keys.kind, "offset", visited, measured, cpu, note="whole table, measured")
+        return Result(
+            keys.kind, "offset", visited, measured, cpu, machine, note="whole table, measured"
+        )
     done = len(reads)
     if done < 2:
         raise SystemExit("offset: fewer than 2 pages before the time limit: raise --offset-seconds")
@@ -538,7 +565,7 @@ def run_shardkit(keys: Keys, args: argparse.Namespace, prefix: str, *, traced: b
                 fanout=args.fanout,
             )
             status = job.wait(timeout=args.timeout)
-            seconds, cpu = since(start)
+            seconds, cpu, machine = since(start)
             if traced:
                 peak = tracemalloc.get_traced_memory()[1]
         finally:
@@ -553,6 +580,7 @@ def run_shardkit(keys: Keys, args: argparse.Namespace, prefix: str, *, traced: b
         status.rows,
         seconds,
         cpu,
+        machine,
         exact=status.state == "complete",
         extra={
             "depth": status.depth,
@@ -873,6 +901,7 @@ def results_table(results: list[Result], args: argparse.Namespace) -> Table:
         "vs fixed",
         "CPU s",
         "CPU vs fixed",
+        "machine CPU s",
         "tuples/row",
         "index entries/row",
         "checked",
@@ -911,6 +940,7 @@ def results_table(results: list[Result], args: argparse.Namespace) -> Table:
             f"{rate(r, args) / rate(fixed, args):.2f}x" if fixed else "-",
             f"{r.cpu:.2f}",
             f"{r.cpu / fixed.cpu:.2f}x" if fixed and fixed.cpu and not r.extrapolated else "-",
+            "-" if r.machine is None or r.extrapolated else f"{r.machine:.2f}",
             tuples,
             entries,
             checked_text,
@@ -936,7 +966,9 @@ def notes(
     lines = [f"[dim]{r.mode} ({r.keys}): {r.note}[/]" for r in results if r.note]
     lines.append(
         "[dim]CPU s: CPU time of this Python process (all its threads) while the mode ran, "
-        "the database's own not included; tuples/row: seq_tup_read + idx_tup_fetch of the "
+        "the database's own not included; machine CPU s: the whole machine's (this process, "
+        "the database and anything else running), so what a mode costs the server shows "
+        "there; tuples/row: seq_tup_read + idx_tup_fetch of the "
         "table (pg_stat_user_tables) during the run ÷ rows visited; index entries/row: "
         "idx_tup_read of its indexes (pg_stat_user_indexes), index-only scans included"
         + (
