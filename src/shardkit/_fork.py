@@ -102,15 +102,19 @@ class ForkGate:
 
 
 def _before_fork() -> None:
-    # Gates first: a thread being waited for may be registering something.
-    for gate in list(_GATES):
+    # Gates first, unlocked while they wait: a thread being waited for may be
+    # registering something.
+    with _LOCK:
+        gates = list(_GATES)
+    for gate in gates:
         gate._hold()
     _LOCK.acquire()  # no registration is half-done in the child's copy
 
 
 def _after_in_parent() -> None:
+    gates = list(_GATES)
     _LOCK.release()
-    for gate in list(_GATES):
+    for gate in gates:
         gate._release()
 
 

@@ -177,9 +177,9 @@ class RangeLedger:
         return statement
 
     def _commit_statement(self, fresh: bool, count_page: bool) -> Compiled:
-        """``commit_page``'s query: the checkpoint that keeps the range pending, made to
-        divide by zero where it updates no row, then ``COMMIT``, which PostgreSQL does
-        not run after an error in the same simple query."""
+        """``commit_page``'s query, before the ``COMMIT`` it appends: the checkpoint that
+        keeps the range pending, made to divide by zero where it updates no row (then
+        PostgreSQL does not run the ``COMMIT`` after it in the same simple query)."""
         updated = (
             self._checkpoints[fresh, count_page, STAY]
             .returning(sa.literal_column("1"))
