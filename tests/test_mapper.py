@@ -425,6 +425,7 @@ class ReadCounter(TableSource):
         super().__init__(table, key)
         self.read = 0
         self.statistics_read = 0
+        self.estimates = 0  # planning steps: each reads two bounds, and cuts if it splits
         self._count = threading.Lock()
 
     def _add(self, rows: int, statistics: int = 0) -> None:
@@ -438,6 +439,8 @@ class ReadCounter(TableSource):
         return rows
 
     def bounds(self, conn: Any, rng: KeyRange, after: Any) -> Any:
+        with self._count:
+            self.estimates += 1
         self._add(2)
         return super().bounds(conn, rng, after)
 
@@ -461,9 +464,11 @@ def test_planning_reads_a_few_keys_per_split_never_a_range(
     assert values(kit, table) == plus(initial, 10)
     assert status.rows == rows
     ranges = status.done
-    # Every row is read once, by its page; planning reads two bounds and fanout - 1
-    # cuts per split or estimate, and the statistics once.
-    assert source.read - rows <= (fanout + 1) * ranges
+    # Every row is read once, by its page; each planning step reads two bounds, and
+    # fanout - 1 cuts if it splits; the statistics are read once. (Steps outnumber
+    # ranges where a range passes its plan and is estimated again: strings without a
+    # histogram, on MySQL, about two a range.)
+    assert source.read - rows <= (fanout + 1) * source.estimates
     assert source.read <= 1.25 * rows
     assert source.statistics_read == 1
     assert status.depth >= 1
