@@ -13,8 +13,9 @@ environment variables:
   once, at a page picked at random among its first pages, as long as one of the
   ``SHARDKIT_MAPPER_KILLS`` kill slots is free (each is a file created with O_EXCL, so
   the slots are shared by every process). Each fault strikes after the page's update,
-  either in ``fn`` or (half of them) as the checkpoint statement is about to run: both
-  before the transaction commits, so neither may leave a trace.
+  either in ``fn`` or as the checkpoint statement is about to run (each at least once,
+  then either at random): both before the transaction commits, so neither may leave a
+  trace.
 """
 
 from __future__ import annotations
@@ -78,9 +79,19 @@ def add_ten(batch: Any) -> None:
             _pending().add("kill")
             return
     if random.random() < FAIL_PROBABILITY:
-        if random.random() < 0.5:
+        if _in_fn():
             _fail(batch.range, "in fn")
         _pending().add("fail")
+
+
+def _in_fn() -> bool:
+    """Whether a failure strikes in fn rather than at the checkpoint: where one kind has
+    not struck yet (in any process), that one; then either, at random."""
+    log = Path(os.environ["SHARDKIT_MAPPER_FAULTS"]) / "failures"
+    struck = log.read_text() if log.exists() else ""
+    if "in fn" not in struck:
+        return True
+    return "at checkpoint" in struck and random.random() < 0.5
 
 
 def _fail(range_id: str, where: str) -> None:
@@ -99,7 +110,8 @@ def _pending() -> set[str]:
     return _local.faults  # type: ignore[no-any-return]
 
 
-_CHECKPOINT = re.compile(r"""UPDATE \S*ranges SET [`"]?after[`"]?=""")
+# The checkpoint's UPDATE, alone or in the query that commits with it (PostgreSQL).
+_CHECKPOINT = re.compile(r"""(?:WITH \S+ AS\s*\()?UPDATE \S*ranges SET [`"]?after[`"]?=""")
 
 
 @functools.cache
