@@ -752,7 +752,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--repeat",
         type=int,
         default=1,
-        help="rounds of the modes, interleaved; the table gives each one's median run (1)",
+        help="rounds of the modes, interleaved, each starting one mode further on; the table "
+        "gives each one's median run (1)",
     )
     parser.add_argument(
         "--modes",
@@ -807,21 +808,25 @@ def main(argv: list[str] | None = None) -> int:
             balances = Balances(engine, scratch, keys.table)
             console.print(f"[bold]{kind}[/] keys: {keys.table}, {keys.describe(args.rows)}")
             rounds: dict[str, list[Result]] = {}
-            for _ in range(args.repeat):
-                for name, run, whole in runs(keys, args, prefix):
+            for turn in range(args.repeat):
+                chosen = runs(keys, args, prefix)
+                # Each round starts one mode further on: every mode takes each place in
+                # turn, so none always runs after the same other.
+                shift = turn % len(chosen)
+                for name, run, whole in chosen[shift:] + chosen[:shift]:
                     console.print(f"  running [bold]{name}[/]…")
                     result = checked(engine, reads, balances, run, whole=whole, args=args)
                     rounds.setdefault(name, []).append(result)
-                console.print(
-                    f"    {result.rows:,} rows visited in {result.seconds:.1f} s"
-                    f"{' (extrapolated to the whole table)' if result.extrapolated else ''}; "
-                    f"sum(balance) moved by {result.extra['moved']:,}; rows +1: "
-                    f"{result.extra['plus_one']:,}, rows changed otherwise: "
-                    f"{result.extra['other']:,}; tuples read {result.tuples:,}, index entries "
-                    f"{result.entries:,}"
-                    f"{'' if result.settled else ' (pg_stat did not settle)'}"
-                    f": {'[green]exact[/]' if result.exact else '[red]WRONG[/]'}"
-                )
+                    console.print(
+                        f"    {result.rows:,} rows visited in {result.seconds:.1f} s"
+                        f"{' (extrapolated to the whole table)' if result.extrapolated else ''}; "
+                        f"sum(balance) moved by {result.extra['moved']:,}; rows +1: "
+                        f"{result.extra['plus_one']:,}, rows changed otherwise: "
+                        f"{result.extra['other']:,}; tuples read {result.tuples:,}, index entries "
+                        f"{result.entries:,}"
+                        f"{'' if result.settled else ' (pg_stat did not settle)'}"
+                        f": {'[green]exact[/]' if result.exact else '[red]WRONG[/]'}"
+                    )
             results.extend(median(runs_of_mode) for runs_of_mode in rounds.values())
             if args.memory and "shardkit" in args.modes:
                 one_page[kind] = page_bytes(engine, keys, args.page_size)
