@@ -808,8 +808,8 @@ def main(argv: list[str] | None = None) -> int:
             balances = Balances(engine, scratch, keys.table)
             console.print(f"[bold]{kind}[/] keys: {keys.table}, {keys.describe(args.rows)}")
             rounds: dict[str, list[Result]] = {}
+            chosen = runs(keys, args, prefix)
             for turn in range(args.repeat):
-                chosen = runs(keys, args, prefix)
                 # Each round starts one mode further on: every mode takes each place in
                 # turn, so none always runs after the same other.
                 shift = turn % len(chosen)
