@@ -1,0 +1,458 @@
+"""Counts on Django models: counting updates through the ORM, reads, admin, templates."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from django.apps import apps
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.db import connections, models, transaction
+from django.db.models import F, Value
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from executors import HeldExecutor
+from shardkit.contrib.django import CountingQuerySet, NotACountingUpdate, ShardedCount, kit
+from shardkit.contrib.django.counts import check_managers
+from shardkit.contrib.django.store import DjangoStore
+from shardkit.errors import InvalidDelta, ValidationError
+from traces import statements_run
+from videos.models import Video
+
+pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
+
+
+def views(video: Video) -> int:
+    return video.views.value(fresh=True)
+
+
+def test_a_counting_update_moves_the_counter_of_each_matched_object(database: str) -> None:
+    a, b, c = (Video.objects.create(title=title) for title in "abc")
+    assert Video.objects.filter(pk__in=[a.pk, b.pk]).update(views=F("views") + 2) == 2
+    assert Video.objects.filter(pk=a.pk).update(views=F("views") - 3) == 1
+    assert Video.objects.filter(pk=c.pk).update(views=5 + F("views")) == 1
+    assert [views(a), views(b), views(c)] == [-1, 2, 5]
+    assert Video.objects.filter(pk=-1).update(views=F("views") + 1) == 0
+
+
+def test_other_fields_update_in_the_same_call(database: str) -> None:
+    a, b = Video.objects.create(title="a"), Video.objects.create(title="b")
+    matched = Video.objects.filter(pk=a.pk).update(title="renamed", views=F("views") + 1)
+    assert matched == 1
+    assert list(Video.objects.order_by("pk").values_list("title", flat=True)) == ["renamed", "b"]
+    assert (views(a), views(b)) == (1, 0)
+
+
+def test_a_counting_update_shares_the_transaction_of_the_update(database: str) -> None:
+    video = Video.objects.create(title="a")
+    with transaction.atomic(using=database):
+        Video.objects.filter(pk=video.pk).update(title="gone", views=F("views") + 10)
+        video.views.incr(5)
+        assert views(video) == 15  # visible inside the transaction
+        transaction.set_rollback(True, using=database)
+    assert views(video) == 0
+    assert Video.objects.get(pk=video.pk).title == "a"
+    with transaction.atomic(using=database):
+        Video.objects.filter(pk=video.pk).update(views=F("views") + 1)
+    assert views(video) == 1
+
+
+def test_a_rolled_back_update_adds_nothing_to_a_buffered_count(
+    database: str, settings: Any
+) -> None:
+    settings.SHARDKIT = {**settings.SHARDKIT, "EXECUTOR": HeldExecutor()}
+    video = Video.objects.create(title="a")
+    with transaction.atomic(using=database):
+        Video.objects.filter(pk=video.pk).update(likes=F("likes") + 4)
+        assert video.likes.counter.parts().total == 0  # taken when the transaction commits
+        transaction.set_rollback(True, using=database)
+    assert video.likes.value() == 0
+    Video.objects.filter(pk=video.pk).update(likes=F("likes") + 4)
+    assert video.likes.value() == 4
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (5, NotACountingUpdate),
+        (F("views") * 2, NotACountingUpdate),
+        (F("title") + 1, NotACountingUpdate),
+        (F("views") + F("views"), NotACountingUpdate),
+        (Value(3), NotACountingUpdate),
+        (F("views") + 1.5, InvalidDelta),
+        (F("views") + 2**63, InvalidDelta),
+    ],
+)
+def test_an_update_that_is_not_a_counting_update_raises_and_writes_nothing(
+    database: str, value: Any, error: type[Exception]
+) -> None:
+    video = Video.objects.create(title="a")
+    with pytest.raises(error):
+        Video.objects.filter(pk=video.pk).update(title="changed", views=value)
+    assert Video.objects.get(pk=video.pk).title == "a"
+    assert views(video) == 0
+
+
+def test_counts_live_in_the_kits_database_only(database: str) -> None:
+    other = "postgres" if database == "default" else "default"
+    video = Video.objects.create(title="a")
+    with pytest.raises(NotACountingUpdate, match="could not share its transaction"):
+        Video.objects.using(other).filter(pk=video.pk).update(views=F("views") + 1)
+
+
+@pytest.mark.slow
+def test_counting_updates_from_many_threads_sharing_shard_rows_are_exact(
+    database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One shard per count: every write of a video's count is on one row, which the
+    # threads write at once (an upsert that read and then wrote would lose increments).
+    monkeypatch.setattr(Video.views, "shards", 1)
+    videos = [Video.objects.create(title=f"v{i}") for i in range(2)]
+    pks = [video.pk for video in videos]
+    threads, rounds = 8, 25
+    start = threading.Barrier(threads)
+    errors: list[BaseException] = []
+
+    def write(index: int) -> None:
+        try:
+            start.wait()
+            for turn in range(rounds):
+                video = videos[(index + turn) % len(videos)]
+                if turn % 5 == 4:
+                    video.views.incr(2)  # through the counter, outside an update
+                elif turn % 5 == 3:  # both rows, in one transaction, in key order
+                    Video.objects.filter(pk__in=pks).update(views=F("views") + 1)
+                else:
+                    Video.objects.filter(pk=video.pk).update(views=F("views") + 1)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    workers = [threading.Thread(target=write, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert not errors, errors
+    infos = [kit().store.counter(video.views.counter.name) for video in videos]
+    assert [info and info.shards for info in infos] == [1, 1]
+    expected = [0] * len(videos)
+    for index in range(threads):
+        for turn in range(rounds):
+            if turn % 5 == 3:
+                expected = [total + 1 for total in expected]
+            else:
+                expected[(index + turn) % len(videos)] += 2 if turn % 5 == 4 else 1
+    # Each thread: 15 updates of +1, 5 of +1 on both, 5 increments of +2.
+    assert sum(expected) == threads * (15 + 5 * 2 + 5 * 2)
+    assert [views(video) for video in videos] == expected
+
+
+def test_with_counts_reads_a_page_of_counts_in_one_store_query(database: str) -> None:
+    videos = [Video.objects.create(title=f"v{i:02}") for i in range(12)]
+    for i, video in enumerate(videos):
+        Video.objects.filter(pk=video.pk).update(views=F("views") + i, likes=F("likes") + 2 * i)
+    store = kit().store
+    assert isinstance(store, DjangoStore)
+    statements: list[str] = []
+    here = threading.current_thread()  # not a buffered count's flush on a worker thread
+
+    def record(*args: Any) -> None:
+        if threading.current_thread() is here:
+            statements.append(args[2])
+
+    sa.event.listen(store.engine, "before_cursor_execute", record)
+    page = list(Video.objects.with_counts("views").order_by("title")[:10])
+    assert len(statements) == 1
+    assert [video.views.value() for video in page] == list(range(10))
+    assert len(statements) == 1  # values read with the page, no query per object
+    both = list(Video.objects.with_counts().order_by("title"))
+    assert [int(video.likes) for video in both] == [2 * i for i in range(12)]
+    assert [str(video.views) for video in both] == [str(i) for i in range(12)]
+
+
+def test_a_read_of_counts_is_one_statement_on_djangos_connection(database: str) -> None:
+    videos = [Video.objects.create(title=f"v{i}") for i in range(3)]
+    for i, video in enumerate(videos):
+        video.views.incr(i)
+    with statements_run(database) as ran:  # outside a transaction: no BEGIN, no ROLLBACK
+        page = list(Video.objects.with_counts("views").order_by("pk"))
+    assert ran == ["SELECT", "SELECT"]  # the page, then its counts
+    assert [video.views.value() for video in page] == [0, 1, 2]
+    with statements_run(database) as ran, transaction.atomic(using=database):
+        videos[0].views.incr(5)
+        assert views(videos[0]) == 5  # read in the caller's transaction, no savepoint
+    assert ran == ["BEGIN", "INSERT", "SELECT", "COMMIT"]
+
+
+def test_a_counting_update_of_a_sharded_count_is_one_statement(database: str) -> None:
+    a, b = Video.objects.create(title="a"), Video.objects.create(title="b")
+    views(a)  # the counter exists: the first update of an object in a process opens it
+    with statements_run(database) as ran:
+        assert Video.objects.filter(pk=a.pk).update(views=F("views") + 3) == 1
+    assert ran == ["INSERT"]  # finds the object and adds to its shard row
+    with statements_run(database) as ran:
+        assert Video.objects.filter(title="nobody").update(views=F("views") + 1) == 0
+    assert ran == ["INSERT"]
+    with statements_run(database) as ran:
+        matched = Video.objects.filter(pk=a.pk).update(title="A", views=F("views") + 1)
+    assert matched == 1
+    assert [s for s in ran if s not in ("BEGIN", "COMMIT")] == ["INSERT", "UPDATE"]
+    assert (views(a), views(b)) == (4, 0)
+    assert Video.objects.get(pk=a.pk).title == "A"
+
+
+@pytest.mark.parametrize("database", ["postgres"], indirect=True)
+def test_a_counting_update_runs_prepared_unless_behind_a_pooler(database: str) -> None:
+    video = Video.objects.create(title="a")
+    for _ in range(3):
+        assert Video.objects.filter(pk=video.pk).update(views=F("views") + 1) == 1
+    connection = connections[database]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pooled = cursor.fetchone()[0] != connection.connection.info.backend_pid
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [row[0] for row in cursor.fetchall()]
+    # Planned once per connection, where no pooler may move it to another session.
+    counting = [sql for sql in prepared if sql.startswith("INSERT INTO") and "EXISTS" in sql]
+    assert len(counting) == (0 if pooled else 1)
+    assert views(video) == 3
+
+
+def test_a_counting_statement_is_seen_by_execute_wrappers_and_the_query_log(
+    database: str,
+) -> None:
+    video = Video.objects.create(title="a")
+    seen: list[str] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    connection = connections[database]
+    with connection.execute_wrapper(wrapper):  # as instrumentation (APM) installs
+        assert Video.objects.filter(pk=video.pk).update(views=F("views") + 1) == 1
+    with CaptureQueriesContext(connection) as logged:  # as DEBUG logs them
+        assert Video.objects.filter(pk=video.pk).update(views=F("views") + 1) == 1
+    shards = kit().store.shards_table.name
+    assert next(sql for sql in seen if shards in sql).startswith("INSERT INTO")
+    assert any(shards in query["sql"] for query in logged.captured_queries)
+    assert views(video) == 2
+
+
+def test_a_counting_update_of_a_buffered_count_by_key_needs_no_read(database: str) -> None:
+    video = Video.objects.create(title="a")
+    video.likes.incr()  # its counter has a generation: increments are cache commands only
+    with statements_run(database) as ran:
+        assert Video.objects.filter(pk=video.pk).update(title="b", likes=F("likes") + 2) == 1
+    assert ran == ["UPDATE"]  # its row count says whether the object matched
+    with statements_run(database) as ran:
+        assert Video.objects.filter(pk=-1).update(title="c", likes=F("likes") + 2) == 0
+    assert ran == ["UPDATE"]
+    with statements_run(database) as ran:
+        assert Video.objects.filter(pk=video.pk).update(likes=F("likes") + 1) == 1
+    assert ran == ["SELECT"]  # whether it exists: nothing else would say
+    assert video.likes.value() == 4
+
+
+def test_a_buffered_count_takes_an_object_seen_to_exist_as_existing(
+    database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    video, other = Video.objects.create(title="a"), Video.objects.create(title="b")
+    video.likes.incr()  # its counter has a generation: increments are cache commands only
+    with transaction.atomic(using=database):  # seen in a transaction that rolls back: unseen
+        assert Video.objects.filter(pk=video.pk).update(likes=F("likes") + 1) == 1
+        transaction.set_rollback(True, using=database)
+    with statements_run(database) as ran:
+        assert Video.objects.filter(pk=video.pk).update(likes=F("likes") + 1) == 1
+    assert ran == ["SELECT"]
+    with statements_run(database) as ran:
+        for _ in range(3):
+            assert Video.objects.filter(pk=str(video.pk)).update(likes=F("likes") + 1) == 1
+    assert ran == []  # seen: the increments are cache commands alone
+    assert video.likes.value() == 5
+    # Deleted elsewhere (another process, raw SQL): still taken as existing within the TTL.
+    with connections[database].cursor() as cursor:
+        cursor.execute("DELETE FROM videos_video WHERE id = %s", [video.pk])
+    assert Video.objects.filter(pk=video.pk).update(likes=F("likes") + 1) == 1
+    monkeypatch.setattr(Video.likes, "exists_ttl", 0.001)
+    start = time.monotonic()
+    while time.monotonic() - start <= 0.001:  # the sighting grows older than the TTL
+        time.sleep(0.001)
+    with statements_run(database) as ran:
+        assert Video.objects.filter(pk=video.pk).update(likes=F("likes") + 1) == 0
+    assert ran == ["SELECT"]
+    # Deleted through the ORM here: forgotten at once.
+    monkeypatch.undo()
+    assert Video.objects.filter(pk=other.pk).update(likes=F("likes") + 1) == 1
+    Video.objects.filter(pk=other.pk).delete()
+    with statements_run(database) as ran:
+        assert Video.objects.filter(pk=other.pk).update(likes=F("likes") + 1) == 0
+    assert ran == ["SELECT"]
+
+
+def test_exists_ttl_is_for_buffered_counts_only() -> None:
+    with pytest.raises(ValidationError, match="exists_ttl is for buffered counts"):
+        ShardedCount(exists_ttl=5)
+    for bad in (-1, "5", True, float("nan")):
+        with pytest.raises(ValidationError, match="exists_ttl"):
+            ShardedCount(buffered=True, exists_ttl=bad)  # type: ignore[arg-type]
+    assert ShardedCount(buffered=True, exists_ttl=5).exists_ttl == 5.0
+
+
+def test_a_counting_update_moves_cached_values_only_when_it_commits(database: str) -> None:
+    video = Video.objects.create(title="a")
+    assert video.views.value() == 0  # cached
+    with transaction.atomic(using=database):
+        Video.objects.filter(pk=video.pk).update(views=F("views") + 10)
+        transaction.set_rollback(True, using=database)
+    assert video.views.value() == 0  # the cached value never showed the rolled-back 10
+    Video.objects.filter(pk=video.pk).update(views=F("views") + 1)
+    assert video.views.value() == 1  # cached, and moved at the commit
+    assert views(video) == 1
+
+
+def test_templates_and_the_admin_show_counts(database: str, admin_client: Client) -> None:
+    video = Video.objects.create(title="Hello")
+    Video.objects.filter(pk=video.pk).update(views=F("views") + 7, likes=F("likes") + 3)
+    page = Client().get("/").content.decode()
+    assert f'<a href="/videos/{video.pk}/">Hello</a>: 7 views, 3 likes' in page
+    changelist = admin_client.get("/admin/videos/video/").content.decode()
+    assert '<td class="field-views">7</td>' in changelist
+    assert '<td class="field-likes">3</td>' in changelist
+    change = admin_client.get(f"/admin/videos/video/{video.pk}/change/").content.decode()
+    assert '<div class="readonly">7</div>' in change
+
+
+def test_a_video_page_counts_its_views_and_takes_likes(database: str) -> None:
+    video = Video.objects.create(title="Hello")
+    client = Client()
+    assert "1 views, 0 likes" in client.get(f"/videos/{video.pk}/").content.decode()
+    assert "2 views, 0 likes" in client.get(f"/videos/{video.pk}/").content.decode()
+    liked = client.post(f"/videos/{video.pk}/like")
+    assert (liked.status_code, liked["Location"]) == (302, f"/videos/{video.pk}/")
+    assert "3 views, 1 likes" in client.get(f"/videos/{video.pk}/").content.decode()
+    assert client.get("/videos/0/").status_code == 404
+    assert client.get(f"/videos/{video.pk}/like").status_code == 405
+    assert views(video) == 3
+
+
+def test_buffered_counts_are_flushed_by_the_command(
+    database: str, settings: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    held = HeldExecutor()
+    settings.SHARDKIT = {**settings.SHARDKIT, "EXECUTOR": held}
+    video = Video.objects.create(title="a")
+    Video.objects.filter(pk=video.pk).update(likes=F("likes") + 5)
+    counter = video.likes.counter
+    assert counter.parts() == (0, 5)
+    [(task, args)] = held.submitted
+    assert (task, args["name"]) == ("flush", counter.name)
+    call_command("shardkit_flush", "--all")
+    assert f"{counter.name} +5" in capsys.readouterr().out
+    assert counter.parts() == (5, 0)
+
+
+def test_buffered_counts_are_flushed_by_the_executor(database: str) -> None:
+    video = Video.objects.create(title="a")
+    Video.objects.filter(pk=video.pk).update(likes=F("likes") + 5)
+    counter = video.likes.counter
+    deadline = time.monotonic() + 10  # the model's interval is 1 s
+    while counter.parts().stored != 5 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert counter.parts() == (5, 0)
+
+
+def test_bad_settings_raise_improperly_configured(settings: Any) -> None:
+    for bad in (
+        {"STOER": "default"},
+        {"STORE": "nowhere"},
+        {"CACHE": "carrier-pigeon://"},
+        {"EXECUTOR": "no.such.module:app"},
+        {"EXECUTOR": 42},
+        {"PREFIX": "no spaces"},
+        {"CACHE_TTL": 0},
+    ):
+        with pytest.raises(ImproperlyConfigured, match="SHARDKIT"):
+            settings.SHARDKIT = bad
+
+
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_nothing_happens_at_import_and_ready_raises_improperly_configured() -> None:
+    imported = run_python(
+        "import os; os.environ.pop('DJANGO_SETTINGS_MODULE', None)\n"
+        "import shardkit.contrib.django, shardkit.contrib.django.apps\n"
+        "from django.conf import settings; assert not settings.configured; print('ok')"
+    )
+    assert imported.stdout.strip() == "ok", imported.stderr
+    setup = run_python(
+        "import django; from django.conf import settings\n"
+        "settings.configure(INSTALLED_APPS=['shardkit.contrib.django'], DATABASES={'default': "
+        "{'ENGINE': 'django.db.backends.sqlite3', 'NAME': 'x.sqlite3'}},\n"
+        "    SHARDKIT={'CACHE': 'carrier-pigeon://'})\n"
+        "django.setup()"
+    )
+    assert "ImproperlyConfigured: settings.SHARDKIT: unknown cache URL scheme" in setup.stderr
+
+
+def test_a_celery_app_named_in_settings_runs_the_kits_tasks(settings: Any) -> None:
+    from celery import Celery
+
+    from shardkit.contrib.celery import CeleryExecutor
+
+    settings.SHARDKIT = {**settings.SHARDKIT, "EXECUTOR": "django_site.celery:app"}
+    executor = kit().executor
+    assert isinstance(executor, CeleryExecutor)
+    assert isinstance(executor.app, Celery)
+    assert {"shardkit.flush", "shardkit.flush_all", "shardkit.map_range"} <= set(executor.app.tasks)
+
+
+def test_the_site_passes_the_system_check() -> None:
+    assert check_managers([apps.get_app_config("videos")]) == []
+
+
+@pytest.mark.django_isolate_apps("videos")
+def test_a_model_with_counts_and_a_plain_manager_fails_the_system_check(
+    django_isolated_apps: Any,
+) -> None:
+    class Plain(models.Model):
+        hits = ShardedCount()
+
+        class Meta:
+            app_label = "videos"
+
+    class Counting(models.Model):
+        hits = ShardedCount()
+        objects = CountingQuerySet.as_manager()
+
+        class Meta:
+            app_label = "videos"
+
+    errors = check_managers(list(django_isolated_apps.get_app_configs()))
+    assert [(error.id, error.obj) for error in errors] == [("shardkit.E001", Plain)]
+
+
+@pytest.mark.parametrize("autocommit", [False, True])
+def test_the_store_leaves_no_atomic_block_open(database: str, autocommit: bool) -> None:
+    store = kit().store
+    assert isinstance(store, DjangoStore)
+    rows = store.read("reading", sa.select(sa.literal(7)), autocommit=autocommit)
+    assert [tuple(row) for row in rows] == [(7,)]
+    assert not connections[database].in_atomic_block
+    with transaction.atomic(using=database):
+        store.read("reading", sa.select(sa.literal(8)), autocommit=autocommit)
+        assert connections[database].in_atomic_block  # the caller's, still open
+    assert not connections[database].in_atomic_block

@@ -1,0 +1,440 @@
+"""The Celery executor, end to end: real ``celery worker`` processes (importing
+``celery_app``) run the flushes a kit in this process schedules, through Redis and
+RabbitMQ brokers, and workers SIGKILLed in the middle of a flush neither lose nor double
+a count."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import prometheus_client
+import prometheus_client.multiprocess
+import pytest
+import redis
+from celery import Celery
+
+import shardkit
+from backends import (
+    CELERY_BROKERS,
+    PREFIX,
+    SUPPORT,
+    redis_database,
+    require,
+    require_broker,
+    run_together,
+    store_url_for,
+    wait_for,
+)
+from celery_app import Config, build
+from shardkit.contrib.celery import CeleryExecutor
+
+# Database 10 keeps the workers' records and is the kits' cache.
+CACHE = os.environ.get("SHARDKIT_TEST_CELERY_CACHE", redis_database(10))
+WRITERS = 3  # kits in this process, each with its own app: like three web processes
+INTERVAL = 0.5  # seconds between a buffered counter's flushes
+STARTUP = 30.0  # seconds a worker may take to be ready
+DEADLINE = 15.0  # seconds anything else awaited may take
+
+
+class Workers:
+    """The ``celery worker`` processes a test starts, each in a session of its own (so
+    that one and its pool children can be ended together); every one is ended at the
+    end of the test."""
+
+    def __init__(self, config: Config, records: redis.Redis, logs: Path) -> None:
+        self.config = config
+        self.records = records
+        self.logs = logs
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def start(
+        self, pool: str = "prefork", fault: str = "", env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start a worker (with ``env`` added to its environment) and wait until it is
+        ready to consume (or, with a fault, for it to be killed already: a worker may run
+        a task before it says it is ready)."""
+        number = len(self.started)
+        config = replace(self.config, fault=fault)
+        path = os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))
+        # Not Django workers: pytest-django has put the example site's settings in the
+        # environment, and Celery would set Django up for a worker that has them.
+        inherited = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+        env = {**inherited, **config.environ(), "PYTHONPATH": path, **(env or {})}
+        command = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "celery_app",
+            "worker",
+            f"--pool={pool}",
+            "--concurrency=1",
+            "-Q",
+            config.queue,
+            "-n",
+            f"{config.queue}-{number}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-l",
+            "warning",
+        ]
+        with open(self.logs / f"worker-{number}.log", "wb") as log:
+            process = subprocess.Popen(
+                command,
+                cwd=SUPPORT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.started.append(process)
+
+        def ready() -> bool:
+            if process.poll() is not None:
+                if fault and process.returncode == -signal.SIGKILL:
+                    return True
+                pytest.fail(f"worker {number} exited with {process.returncode}\n{self.status()}")
+            return str(process.pid).encode() in self.records.lrange(config.key("ready"), 0, -1)
+
+        wait_for(ready, f"worker {number} to be ready", STARTUP, self.status)
+        return process
+
+    def stop(self, process: subprocess.Popen[bytes]) -> None:
+        """Cold shutdown (SIGQUIT: the tasks it holds go back to the broker, unacknowledged;
+        nothing to wait for), then SIGKILL of its whole session if that takes too long."""
+        if process.poll() is None:
+            process.send_signal(signal.SIGQUIT)
+            try:
+                process.wait(DEADLINE)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+    def stop_all(self) -> None:
+        for process in self.started:
+            self.stop(process)
+            with contextlib.suppress(ProcessLookupError):  # children of a killed master
+                os.killpg(process.pid, signal.SIGKILL)
+
+    def status(self) -> str:
+        """The end of every worker's log, for failure messages."""
+        texts = []
+        for number in range(len(self.started)):
+            text = (self.logs / f"worker-{number}.log").read_text(errors="replace")
+            texts.append(f"--- worker {number} ---\n{text[-3000:]}")
+        return "\n" + "\n".join(texts)
+
+
+def entries(records: redis.Redis, config: Config, part: str) -> list[dict[str, Any]]:
+    return [json.loads(raw) for raw in records.lrange(config.key(part), 0, -1)]
+
+
+class RecordingExecutor(CeleryExecutor):
+    """A Celery executor that remembers every submission and whether it was made."""
+
+    def __init__(self, app: Celery, *, queue: str | None = None) -> None:
+        super().__init__(app, queue=queue)
+        self.submissions: list[tuple[str, str | None, bool]] = []
+
+    def submit(self, task: str, args: Mapping[str, Any], **options: Any) -> bool:
+        made = super().submit(task, args, **options)
+        self.submissions.append((task, options.get("dedupe"), made))
+        return made
+
+
+def config_for(broker_name: str, sqlite_url: str, tag: str) -> Config:
+    """A test's worker configuration on the PostgreSQL store, with a queue and record
+    prefix of its own (its services required)."""
+    broker = CELERY_BROKERS[broker_name]
+    require_broker(broker)
+    require(CACHE)
+    run = uuid.uuid4().hex[:12]
+    return Config(
+        store=store_url_for("postgres", sqlite_url),
+        cache=CACHE,
+        prefix=PREFIX,
+        broker=broker,
+        queue=f"shardkit-test-{run}",
+        record=f"shardkit-test:{tag}:{run}",
+    )
+
+
+@pytest.fixture(params=list(CELERY_BROKERS))
+def config(request: pytest.FixtureRequest, sqlite_url: str) -> Config:
+    return config_for(request.param, sqlite_url, "celery")
+
+
+@pytest.fixture
+def records(config: Config) -> Iterator[redis.Redis]:
+    """A client of the Redis where the workers keep their records (dropped at the end)."""
+    client = redis.Redis.from_url(config.cache)
+    yield client
+    keys = list(client.scan_iter(match=config.key("*")))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+@pytest.fixture
+def workers(config: Config, records: redis.Redis, tmp_path: Path) -> Iterator[Workers]:
+    started = Workers(config, records, tmp_path)
+    try:
+        yield started
+    finally:
+        started.stop_all()
+
+
+@pytest.fixture
+def kits(config: Config) -> Iterator[list[shardkit.Kit]]:
+    """WRITERS kits of this process on the workers' store, cache and broker."""
+    built = [build(config, RecordingExecutor) for _ in range(WRITERS)]
+    yield [kit for _, kit in built]
+    for app, kit in built:
+        kit.close()
+        app.close()
+
+
+def _ran(records: redis.Redis, config: Config, event: str, task: str) -> list[dict[str, Any]]:
+    return [
+        run
+        for run in entries(records, config, "runs")
+        if run["event"] == event and run["task"] == f"shardkit.{task}"
+    ]
+
+
+@pytest.mark.slow
+def test_a_real_worker_runs_the_scheduled_flushes(
+    config: Config,
+    records: redis.Redis,
+    workers: Workers,
+    kits: list[shardkit.Kit],
+    name: str,
+    tmp_path: Path,
+) -> None:
+    # The worker's pool records metrics as a pre-fork server's workers do.
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    workers.start(pool="prefork", env={"PROMETHEUS_MULTIPROC_DIR": str(metrics)})
+    counters = [kit.buffered(name, interval=INTERVAL) for kit in kits]
+    sums = [0] * WRITERS
+    counts = [0] * WRITERS
+    until = time.time() + 5 * INTERVAL
+
+    def write(slot: int) -> None:
+        rng = random.Random()
+        while time.time() < until or counts[slot] <= 10:  # several intervals, 11 writes
+            delta = rng.choice((-1, 1)) * rng.randint(1, 1000)
+            counters[slot].incr(delta)
+            sums[slot] += delta
+            counts[slot] += 1
+
+    run_together(WRITERS, write)
+    acked = sum(sums)
+    # The worker alone moves everything into the store: this process never flushes.
+    wait_for(
+        lambda: counters[0].parts() == (acked, 0),
+        f"the store to hold all {acked}",
+        DEADLINE,
+        lambda: f"(now {counters[0].parts()}){workers.status()}",
+    )
+
+    submissions = [entry for kit in kits for entry in kit.executor.submissions]  # type: ignore[attr-defined]
+    assert {task for task, _, _ in submissions} == {"flush"}
+    made = [dedupe for _, dedupe, was_made in submissions if was_made]
+    # Each kit submitted one flush per interval it wrote in (many increments, one
+    # submission); of the kits' submissions for one interval, one was made.
+    assert len(made) == len(set(made)) >= 5
+    assert {dedupe for _, dedupe, _ in submissions} == set(made)
+    assert len(submissions) > len(made)
+    for kit, count in zip(kits, counts, strict=True):
+        mine = kit.executor.submissions  # type: ignore[attr-defined]
+        assert len(mine) <= len(made)
+        assert count >= 10 * len(mine)
+
+    # The worker ran each submitted flush once, with its JSON arguments (the worker
+    # accepts JSON only), due at the end of its interval (its eta).
+    wait_for(
+        lambda: len(_ran(records, config, "end", "flush")) >= len(made),
+        "every flush to end",
+        DEADLINE,
+        workers.status,
+    )
+    ended = _ran(records, config, "end", "flush")
+    started = _ran(records, config, "start", "flush")
+    assert len(ended) == len(started) == len(made), workers.status()
+    assert {run["state"] for run in ended} == {"SUCCESS"}
+    assert all(run["kwargs"]["name"] == name for run in started)
+    intervals = set()
+    for run in started:
+        assert run["eta"] is not None, "a flush was submitted without its eta"
+        eta = datetime.fromisoformat(run["eta"]).timestamp()
+        end_of_interval = round(eta / INTERVAL) * INTERVAL
+        assert 0 <= eta - end_of_interval < 0.1  # due from the call, not from the broker
+        assert run["at"] >= eta - 0.01  # not run before it was due
+        intervals.add(round(eta / INTERVAL) - 1)
+    assert intervals == {int(dedupe.rsplit(":", 1)[1]) for dedupe in made}
+    assert counters[1].parts() == (acked, 0)
+
+    # What the pool recorded: every flush it ran, and the lag of each that moved.
+    recorded = prometheus_client.CollectorRegistry()
+    prometheus_client.multiprocess.MultiProcessCollector(recorded, path=str(metrics))
+
+    def value(name: str, **labels: str) -> float:
+        return recorded.get_sample_value(name, labels) or 0.0
+
+    moved = value("shardkit_flushes_total", outcome="moved")
+    assert moved + value("shardkit_flushes_total", outcome="idle") == len(made)
+    assert moved >= 1
+    assert value("shardkit_flush_lag_seconds_count") == moved
+    assert value("shardkit_write_seconds_count", kind="buffered", outcome="applied") == 0
+
+
+@pytest.mark.slow
+def test_workers_killed_mid_flush_lose_and_double_nothing(
+    config: Config, records: redis.Redis, workers: Workers, kits: list[shardkit.Kit], name: str
+) -> None:
+    child_kills, worker_kills = 2, 2
+    counters = [kit.buffered(name, interval=INTERVAL / 2) for kit in kits]
+    sums = [0] * WRITERS
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def write(slot: int) -> None:
+        rng = random.Random()
+        try:
+            while not stop.is_set():
+                delta = rng.choice((-1, 1)) * rng.randint(1, 1000)
+                counters[slot].incr(delta)
+                sums[slot] += delta
+                time.sleep(0.001)  # leave the two cores some room for the workers
+        except BaseException as exc:
+            errors.append(exc)
+
+    def kills(mode: str) -> list[dict[str, Any]]:
+        return [kill for kill in entries(records, config, "kills") if kill["mode"] == mode]
+
+    def ran_again(killed: list[dict[str, Any]]) -> bool:
+        """Whether every killed task was delivered again and ran to its end."""
+        ended = {run["id"] for run in _ran(records, config, "end", "flush") if run["redelivered"]}
+        return {kill["id"] for kill in killed} <= ended
+
+    writers = [threading.Thread(target=write, args=(slot,)) for slot in range(WRITERS)]
+    try:
+        for thread in writers:
+            thread.start()
+        # Whole workers killed in the middle of a flush, a fresh one started each time:
+        # the broker gives the unacknowledged task to another worker (RabbitMQ at once,
+        # Redis after the visibility timeout, which elapses during the next phase).
+        for _ in range(worker_kills):
+            killed = workers.start(pool="prefork", fault=f"worker:{worker_kills}")
+            wait_for(
+                lambda: killed.poll() is not None,  # noqa: B023
+                "a worker to be killed",
+                DEADLINE,
+                workers.status,
+            )
+            assert killed.returncode == -signal.SIGKILL, workers.status()
+
+        # A worker whose pool children die in the middle of flushes: the master lives
+        # on, requeues each task (acks_late, reject_on_worker_lost), forks a new child,
+        # which runs it again, to its end (the master may take its 5 s maintenance tick
+        # to see that a child died).
+        survivor = workers.start(pool="prefork", fault=f"child:{child_kills}")
+        wait_for(
+            lambda: len(kills("child")) >= child_kills and ran_again(kills("child")),
+            "pool children to be killed, and their tasks to be run again",
+            2 * DEADLINE,
+            workers.status,
+        )
+        assert survivor.poll() is None, workers.status()
+        workers.stop(survivor)
+    finally:
+        stop.set()
+        for thread in writers:
+            if thread.is_alive():
+                thread.join()
+    assert not errors, errors
+    acked = sum(sums)
+
+    # A healthy worker: the tasks of the killed workers come back and run to their end.
+    workers.start(pool="prefork")
+    assert None not in {kill["id"] for kill in entries(records, config, "kills")}
+    wait_for(
+        lambda: ran_again(kills("worker")),
+        "the killed workers' tasks to be delivered again and end",
+        DEADLINE,
+        workers.status,
+    )
+
+    assert kits[0].executor.submit("flush_all", {})
+    wait_for(
+        lambda: bool(_ran(records, config, "end", "flush_all")),
+        "flush_all to end",
+        DEADLINE,
+        workers.status,
+    )
+    assert counters[0].parts() == (acked, 0), workers.status()
+
+    child, whole = kills("child"), kills("worker")
+    assert [kill["number"] for kill in child] == list(range(1, child_kills + 1))
+    assert [kill["number"] for kill in whole] == list(range(1, worker_kills + 1))
+    both = {"before", "after"}
+    assert {kill["when"] for kill in child} == {kill["when"] for kill in whole} == both
+    # Whole workers died, one each; then pool children of the survivor, not the survivor.
+    assert [kill["master"] for kill in whole] == [w.pid for w in workers.started[:worker_kills]]
+    assert {kill["master"] for kill in child} == {survivor.pid}
+    assert len({kill["pid"] for kill in child} - {survivor.pid}) == child_kills
+
+    workers.stop_all()  # nothing runs any more: the total stays exact
+    assert kits[1].get(name).parts() == (acked, 0)
+
+
+@pytest.mark.parametrize(
+    "broker",
+    ["redis://:s3cret@127.0.0.1:1/0", "amqp://guest:s3cret@127.0.0.1:1//"],
+    ids=["redis", "rabbitmq"],
+)
+def test_unknown_tasks_and_an_unreachable_broker(
+    broker: str, sqlite_url: str, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = Celery("unreachable", broker=broker, set_as_current=False)
+    executor = CeleryExecutor(app)
+    with pytest.raises(shardkit.ConfigurationError, match="no task named 'flush'"):
+        executor.submit("flush", {"name": name})  # bound to no kit yet
+    kit = shardkit.connect(sqlite_url, "memory://", prefix=PREFIX, executor=executor)
+    try:
+        with pytest.raises(shardkit.ConfigurationError, match="no task named 'nope'"):
+            executor.submit("nope", {})
+        for _ in range(2):  # a failed submission drops its claim: the next one tries again
+            with pytest.raises(shardkit.BackendError) as error:
+                executor.submit("flush_all", {}, dedupe=f"{name}:all")
+            assert "s3cret" not in str(error.value)
+            assert "could not submit 'flush_all'" in str(error.value)
+
+        # An increment counts though its flush cannot be scheduled (logged, no password).
+        counter = kit.buffered(name, interval=60)
+        with caplog.at_level(logging.WARNING, logger="shardkit"):
+            counter.incr(5)
+        assert counter.parts() == (0, 5)
+        assert "could not schedule a flush" in caplog.text
+        assert "s3cret" not in caplog.text
+    finally:
+        kit.close()
+        app.close()

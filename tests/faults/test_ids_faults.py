@@ -1,0 +1,338 @@
+"""The id allocator's guarantee under faults: many processes take ids while the cache is
+wiped and takers are SIGKILLed and replaced; no id is ever handed out twice, and every
+process's ids increase.
+
+Takers are forked (entry point in ``ids_workers.py``); each appends every id it is handed
+to its own file before taking the next, so a SIGKILL loses only an id no caller saw (a
+hole). The test synchronises on those files and on lock-free shared flags, polled with a
+deadline, never on sleeps. Redis database 8 (of the tests' server) is this file's alone:
+the wipes empty it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import multiprocessing
+import random
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+import ids_workers as iw
+import shardkit
+from backends import PREFIX, store_url_for, wait_for
+
+FORK = multiprocessing.get_context("fork")
+DEADLINE = 30.0  # seconds: a generous bound for anything a test waits for
+
+
+@dataclass
+class Run:
+    """One taker process: the slot it fills, and the file it records its ids in."""
+
+    slot: int
+    path: str
+    proc: Any
+    report: Any  # the receiving end of its pipe
+    killed: bool = False
+
+
+@dataclass
+class Wipe:
+    """What every taker's file held just before a wipe of the cache, and just after."""
+
+    before: dict[str, int]
+    after: dict[str, int]
+
+
+@dataclass
+class Outcome:
+    runs: list[Run]
+    ids: dict[str, list[int]]  # by file, in the order handed out
+    wipes: list[Wipe] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class Takers:
+    """``count`` slots of taker processes (``ids_workers.taker``) on one allocator; a
+    killed taker is replaced by a new process, with its own kit and its own file."""
+
+    def __init__(self, where: iw.Where, name: str, block: int, directory: Path, count: int):
+        self.where, self.name, self.block, self.directory = where, name, block, directory
+        self.start, self.stop = FORK.RawValue("b", 0), FORK.RawValue("b", 0)
+        self.runs: list[Run] = []  # every taker ever started
+        self.running = [self._launch(slot) for slot in range(count)]
+
+    def _launch(self, slot: int) -> Run:
+        path = str(self.directory / f"taker{slot:02d}-{len(self.runs):03d}.ids")
+        report, send = FORK.Pipe(duplex=False)
+        args = (self.where, self.name, self.block, path, self.start, self.stop, send)
+        proc = FORK.Process(target=iw.taker, args=args, daemon=True)
+        run = Run(slot, path, proc, report)
+        self.runs.append(run)
+        proc.start()
+        send.close()  # the child's copy is the only one: EOF once it is dead
+        return run
+
+    def progress(self) -> int:
+        """Ids recorded so far, by every taker ever started."""
+        return sum(iw.recorded(run.path) for run in self.runs)
+
+    def newest(self) -> int:
+        """The highest id any running taker has recorded last."""
+        return max(iw.last_id(run.path) for run in self.running)
+
+    def counts(self) -> dict[str, int]:
+        return {run.path: iw.recorded(run.path) for run in self.runs}
+
+    def alive(self) -> bool:
+        """True while every running taker runs; fails the test with its report once one
+        has exited by itself."""
+        for run in self.running:
+            if not run.proc.is_alive():
+                try:
+                    message = run.report.recv() if run.report.poll(DEADLINE) else "no report"
+                except EOFError:
+                    message = "no report"
+                pytest.fail(f"taker {run.path} exited ({run.proc.exitcode}): {message}")
+        return True
+
+    def kill_one(self) -> Run:
+        """SIGKILL a running taker that has taken ids, and start its replacement."""
+        wait_for(
+            lambda: self.alive() and any(iw.recorded(run.path) for run in self.running),
+            "a taker with ids",
+        )
+        victim = random.choice([run for run in self.running if iw.recorded(run.path)])
+        victim.proc.kill()
+        victim.proc.join(DEADLINE)
+        assert victim.proc.exitcode == -9  # died by SIGKILL, nothing else
+        victim.killed = True
+        victim.report.close()
+        self.running[victim.slot] = self._launch(victim.slot)
+        return victim
+
+    def finish(self) -> None:
+        """Stop the running takers; check each took exactly the ids its file holds."""
+        self.stop.value = 1
+        for run in self.running:
+            assert run.report.poll(DEADLINE), f"taker {run.path} never reported"
+            taken, error = run.report.recv()
+            assert error is None, f"taker {run.path} failed:\n{error}"
+            run.proc.join(DEADLINE)
+            assert run.proc.exitcode == 0
+            assert taken == iw.recorded(run.path)
+            run.report.close()
+
+    def close(self) -> None:
+        """Kill whatever still runs (after a failure), and reap every process."""
+        for run in self.runs:
+            if run.proc.is_alive():
+                run.proc.kill()
+        for run in self.runs:
+            run.proc.join(DEADLINE)
+
+
+@contextmanager
+def _takers(
+    where: iw.Where, name: str, block: int, directory: Path, count: int
+) -> Iterator[Takers]:
+    takers = Takers(where, name, block, directory, count)
+    try:
+        yield takers
+    finally:
+        takers.close()
+
+
+def _take_under_faults(
+    where: iw.Where,
+    name: str,
+    directory: Path,
+    *,
+    takers: int,
+    block: int,
+    total: int,
+    kills: int,
+    wipes: int = 0,
+    wipe: Callable[[], None] | None = None,
+) -> Outcome:
+    """Run ``takers`` processes until they have recorded ``total`` ids, meanwhile calling
+    ``wipe()`` ``wipes`` times and SIGKILLing (and replacing) ``kills`` takers, each at a
+    moment of the workload: kills at random, wipes spread out evenly (give or take a
+    little), each once the newest id recorded lies in the first half of its block, so
+    that the wipe finds a block in use with ids left to lose."""
+    step = total / (wipes + 1)
+    moments = [(step * (n + random.uniform(0.75, 1.25)), "wipe") for n in range(wipes)]
+    moments += [(total * random.uniform(0.05, 0.9), "kill") for _ in range(kills)]
+    moments.sort()
+    with _takers(where, name, block, directory, takers) as procs:
+
+        def reach(count: int, what: str, early: bool = False) -> None:
+            wait_for(
+                lambda: (
+                    procs.alive()
+                    and procs.progress() >= count
+                    and (not early or (procs.newest() - 1) % block < block // 2)
+                ),
+                f"{what} at {count} ids" + (" early in a block" if early else ""),
+                DEADLINE,
+                lambda: f"({procs.progress()} ids recorded, newest {procs.newest()})",
+            )
+
+        procs.start.value = 1
+        began = time.monotonic()
+        done: list[Wipe] = []
+        for at, what in moments:
+            reach(round(at), what, early=what == "wipe")
+            if what == "kill":
+                procs.kill_one()
+            else:
+                assert wipe is not None
+                before = procs.counts()
+                wipe()
+                done.append(Wipe(before, procs.counts()))
+        reach(total, "the end")
+        procs.finish()
+        seconds = time.monotonic() - began
+        runs = procs.runs
+    return Outcome(runs, {run.path: iw.read_ids(run.path) for run in runs}, done, seconds)
+
+
+def _check_unique_and_increasing(outcome: Outcome, reserved: int) -> list[int]:
+    """Every id recorded: none twice, increasing within each taker, in 1 … ``reserved``."""
+    every = [each for ids in outcome.ids.values() for each in ids]
+    twice = [each for each, times in Counter(every).items() if times > 1]
+    assert not twice, f"{len(twice)} ids handed out more than once, e.g. {sorted(twice)[:10]}"
+    for path, ids in outcome.ids.items():
+        falls = [(a, b) for a, b in itertools.pairwise(ids) if a >= b]
+        assert not falls, f"{path}: ids did not increase, e.g. {falls[:5]}"
+    assert min(every) >= 1
+    assert max(every) <= reserved
+    return every
+
+
+def _blocks(ids: list[int], block: int) -> set[int]:
+    """The blocks the ids lie in: the store reserves ``block`` at a time from 0, so block
+    ``k`` is ``k * block + 1 … (k + 1) * block``."""
+    return {(each - 1) // block for each in ids}
+
+
+def _summary(outcome: Outcome, every: list[int], reserved: int, block: int) -> str:
+    kills = sum(run.killed for run in outcome.runs)
+    return (
+        f"{len(every)} ids by {len(outcome.runs)} processes ({kills} SIGKILLed and "
+        f"replaced), {len(outcome.wipes)} cache wipes; {reserved // block} blocks of "
+        f"{block} reserved, {len(_blocks(every, block))} used; {outcome.seconds:.1f} s "
+        f"({len(every) / outcome.seconds:.0f} ids/s)"
+    )
+
+
+# -- PostgreSQL + Redis ---------------------------------------------------------------------
+
+TAKERS = 16
+TOTAL = 200_000
+BLOCK = 200
+WIPES = 12
+KILLS = 5
+
+
+@pytest.mark.slow
+def test_ids_stay_unique_through_cache_wipes_and_killed_processes(
+    sqlite_url: str, own_redis: str, tmp_path: Path
+) -> None:
+    where = (store_url_for("postgres", sqlite_url), own_redis, PREFIX)
+    name = f"test:{uuid.uuid4().hex}"
+    raw = redis.Redis.from_url(own_redis)
+    try:
+        raw.ping()  # connected now: a wipe is then one quick round trip
+        with shardkit.connect(where[0], own_redis, prefix=PREFIX) as kit:
+            allocator = kit.ids(name, block=BLOCK)  # created before any taker starts
+            outcome = _take_under_faults(
+                where,
+                name,
+                tmp_path,
+                takers=TAKERS,
+                block=BLOCK,
+                total=TOTAL,
+                kills=KILLS,
+                wipes=WIPES,
+                wipe=raw.flushdb,  # database 8 only, never FLUSHALL
+            )
+            reserved = allocator.reserved()
+    finally:
+        raw.close()
+    every = _check_unique_and_increasing(outcome, reserved)
+    print("\n" + _summary(outcome, every, reserved, BLOCK))
+    assert len(every) >= TOTAL
+    assert len(outcome.wipes) == WIPES >= 10
+    assert sum(run.killed for run in outcome.runs) == KILLS >= 4
+    assert len(outcome.runs) == TAKERS + KILLS
+    assert reserved % BLOCK == 0
+    # The wipes mattered. Each one retired every block in use: no id taken after it (after
+    # the record that may have been in flight) lies in a block that handed out an id
+    # before it. And the newest of those blocks was left with ids unused, lost to the wipe.
+    highest: dict[int, int] = {}  # block -> the highest id recorded in it
+    for each in every:
+        highest[(each - 1) // BLOCK] = max(highest.get((each - 1) // BLOCK, 0), each)
+    left_unused = []
+    for number, wiped in enumerate(outcome.wipes):
+        before: set[int] = set()
+        after: set[int] = set()
+        for path, ids in outcome.ids.items():
+            before |= _blocks(ids[: wiped.before.get(path, 0)], BLOCK)
+            after |= _blocks(ids[wiped.after[path] + 1 if path in wiped.after else 0 :], BLOCK)
+        assert before, f"no ids before wipe {number}"
+        assert after, f"no ids after wipe {number}"
+        assert not before & after, f"wipe {number}: blocks {sorted(before & after)} lived on"
+        newest = max(before)
+        left_unused.append((newest + 1) * BLOCK - highest[newest])
+    print(f"ids left unused in the newest block by each wipe: {left_unused}")
+    assert sum(map(bool, left_unused)) >= WIPES // 2
+    # ... so they cost blocks: more were reserved than the ids alone need.
+    assert reserved // BLOCK > math.ceil(len(every) / BLOCK)
+
+
+# -- the embedded default: SQLite file, in-process cache --------------------------------
+
+EMBEDDED_TAKERS = 4
+EMBEDDED_TOTAL = 40_000
+EMBEDDED_BLOCK = 100
+EMBEDDED_KILLS = 2
+
+
+@pytest.mark.slow
+def test_embedded_ids_stay_unique_through_killed_processes(sqlite_url: str, tmp_path: Path) -> None:
+    store_url_for("sqlite", sqlite_url)  # the session drops its tables at the end
+    where = (sqlite_url, "memory://", PREFIX)
+    name = f"test:{uuid.uuid4().hex}"
+    with shardkit.connect(sqlite_url, "memory://", prefix=PREFIX) as kit:
+        allocator = kit.ids(name, block=EMBEDDED_BLOCK)
+        outcome = _take_under_faults(
+            where,
+            name,
+            tmp_path,
+            takers=EMBEDDED_TAKERS,
+            block=EMBEDDED_BLOCK,
+            total=EMBEDDED_TOTAL,
+            kills=EMBEDDED_KILLS,
+        )
+        reserved = allocator.reserved()
+    every = _check_unique_and_increasing(outcome, reserved)
+    print("\n" + _summary(outcome, every, reserved, EMBEDDED_BLOCK))
+    assert len(every) >= EMBEDDED_TOTAL
+    assert sum(run.killed for run in outcome.runs) == EMBEDDED_KILLS
+    assert len(outcome.runs) == EMBEDDED_TAKERS + EMBEDDED_KILLS
+    # Each process's cache is its own: every block served exactly one process.
+    owners: dict[int, str] = {}
+    for path, ids in outcome.ids.items():
+        for each in _blocks(ids, EMBEDDED_BLOCK):
+            assert owners.setdefault(each, path) == path, f"block {each} served two processes"

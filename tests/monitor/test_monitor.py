@@ -1,0 +1,339 @@
+"""Metrics and the dashboard's API: the Prometheus endpoint scraped over real HTTP while
+counters and a job do known work (values move by exactly that work), the summing of a
+pre-fork server's processes, a cache outage counted, and the dashboard's JSON, tokens
+and bad input."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+import uvicorn
+from sqlalchemy.engine import make_url
+
+import shardkit
+from backends import (
+    CACHE_URLS,
+    PREFIX,
+    SUPPORT,
+    Samples,
+    free_port,
+    numbered_table,
+    require,
+    sample,
+    scrape,
+    store_url_for,
+    wait_for,
+)
+from servers import RedisServer, running
+from shardkit.monitor.asgi import dashboard
+from shardkit.monitor.exporter import serve
+from shardkit.store.sql import SqlStore
+
+TOKEN = "a-token-long-enough"
+INT64_MAX = 2**63 - 1
+
+# The embedded default, and what the README recommends for production.
+SETUPS = {"sqlite-memory": ("sqlite", "memory"), "postgres-redis": ("postgres", "redis")}
+
+
+@pytest.fixture(params=list(SETUPS))
+def kit(request: pytest.FixtureRequest, sqlite_url: str) -> Iterator[shardkit.Kit]:
+    store_kind, cache_kind = SETUPS[request.param]
+    store_url = store_url_for(store_kind, sqlite_url)
+    with shardkit.connect(store_url, CACHE_URLS[cache_kind], prefix=PREFIX) as the_kit:
+        yield the_kit
+
+
+@pytest.fixture
+def table(kit: shardkit.Kit) -> Iterator[sa.Table]:
+    """A source table of 250 rows in the store's database."""
+    assert isinstance(kit.store, SqlStore)
+    with numbered_table(kit.store.engine, "items", 250) as made:
+        yield made
+        kit.executor.close()  # drained: no task still reads the table as it is dropped
+
+
+def change(before: Samples, after: Samples, name: str, **labels: str) -> float:
+    return sample(after, name, **labels) - sample(before, name, **labels)
+
+
+def test_metrics_over_http_move_exactly_with_the_work(kit: shardkit.Kit, table: sa.Table) -> None:
+    names = {kind: f"test:{kind}:{uuid.uuid4().hex}" for kind in ("sharded", "buffered")}
+    server = serve(kit, free_port(), counters=list(names.values()))
+    url = f"http://127.0.0.1:{server.port}/metrics"
+    try:
+        before = scrape(url)
+        views = kit.sharded(names["sharded"])
+        for _ in range(10):
+            views.incr()
+        assert views.incr(key="k")
+        assert not views.incr(key="k")
+        big = kit.sharded(f"test:big:{uuid.uuid4().hex}")
+        big.incr(INT64_MAX)
+        with pytest.raises(shardkit.CounterOverflow):
+            big.incr()
+        hits = kit.buffered(names["buffered"], interval=3600)
+        for _ in range(7):
+            hits.incr()
+        middle = scrape(url)
+        hits.flush()
+        kit.ids(f"test:ids:{uuid.uuid4().hex}", block=10).take(25)
+        kit.monotonic(f"test:seq:{uuid.uuid4().hex}").incr(4)
+        job = kit.map(table, lambda batch: None, key="id", page_size=20, fanout=4)
+        job.wait(30)
+        after = scrape(url)
+    finally:
+        server.close()
+
+    def wrote(kind: str, outcome: str) -> float:
+        return change(before, after, "shardkit_write_seconds_count", kind=kind, outcome=outcome)
+
+    assert wrote("sharded", "applied") == 12
+    assert wrote("sharded", "repeated") == 1
+    assert wrote("sharded", "failed") == 1
+    assert wrote("buffered", "applied") == 7
+    assert wrote("ids", "applied") == 25
+    assert wrote("monotonic", "applied") == 1
+    # Each write's duration; written one by one (one caller), each in a batch of one.
+    assert (
+        change(before, after, "shardkit_write_seconds_sum", kind="sharded", outcome="applied") > 0
+    )
+    assert change(before, after, "shardkit_combined_writes_sum", kind="sharded") == 14
+    assert change(before, after, "shardkit_combined_writes_count", kind="sharded") == 14
+    # Three blocks of ten for 25 ids.
+    assert change(before, after, "shardkit_id_blocks_total") == 3
+    assert change(before, after, "shardkit_ids_reserved_total") == 30
+    assert change(before, after, "shardkit_flushes_total", outcome="moved") == 1
+    # Read at scrape time from the store and cache: the listed counters' values, the
+    # pending increments (before and after the flush), the job's progress.
+    assert sample(after, "shardkit_counter_value", counter=names["sharded"], kind="sharded") == 11
+    assert sample(middle, "shardkit_buffered_pending", counter=names["buffered"]) == 7
+    assert sample(after, "shardkit_buffered_pending", counter=names["buffered"]) == 0
+    assert sample(after, "shardkit_counter_value", counter=names["buffered"], kind="buffered") == 7
+    assert change(before, middle, "shardkit_buffered_pending_all") >= 7
+    status = job.status()
+    assert sample(after, "shardkit_job_rows_total", job=job.id) == status.rows == 250
+    assert sample(after, "shardkit_job_pages_total", job=job.id) == status.pages
+    assert sample(after, "shardkit_job_ranges", job=job.id, state="pending") == 0
+    assert sample(after, "shardkit_job_ranges", job=job.id, state="done") == status.done > 1
+    assert sample(after, "shardkit_job_state", job=job.id, state="complete") == 1
+    assert sample(after, "shardkit_job_ranges_running", job=job.id) == 0
+    assert sample(after, "shardkit_monitor_read_ok") == 1
+
+
+def test_a_scheduled_flush_reports_its_lag(kit: shardkit.Kit, name: str) -> None:
+    server = serve(kit, free_port())
+    url = f"http://127.0.0.1:{server.port}/metrics"
+    try:
+        before = scrape(url)
+        hits = kit.buffered(name, interval=0.2)
+        hits.incr(3)
+        wait_for(lambda: hits.parts().stored == 3, "the scheduled flush", 10)
+        after = scrape(url)
+    finally:
+        server.close()
+    assert change(before, after, "shardkit_flush_lag_seconds_count") == 1
+    # From the start of the interval to the flush: at least what is left of it after
+    # the increment, at most the interval and the executor's lag.
+    assert 0 < change(before, after, "shardkit_flush_lag_seconds_sum") < 5
+
+
+def test_a_cache_outage_is_ridden_out_and_counted(sqlite_url: str, name: str) -> None:
+    """A Redis server of the test's own stops: sharded writes and reads go on from the
+    store, each kind of call that fell back is counted, and a scrape, which reads what is
+    pending in buffered counters from the cache, says that its read failed."""
+    with running(RedisServer) as redis_server:
+        kit = shardkit.connect(sqlite_url, redis_server.url, prefix=PREFIX, adjust_delay=0)
+        collected = serve(kit, free_port())
+        url = f"http://127.0.0.1:{collected.port}/metrics"
+        try:
+            counter = kit.sharded(name)
+            counter.incr(5)
+            kit.buffered(f"{name}:buffered").incr(2)
+            before = scrape(url)
+            redis_server.stop()
+            counter.incr(5)
+            assert counter.value() == 10
+            after = scrape(url)
+        finally:
+            collected.close()
+            kit.close()
+    assert sample(before, "shardkit_monitor_read_ok") == 1
+    for action in ("adjusting cached values", "reading a cached value", "caching a value"):
+        assert change(before, after, "shardkit_failures_ridden_out_total", action=action) >= 1
+    assert (
+        change(before, after, "shardkit_write_seconds_count", kind="sharded", outcome="applied")
+        == 1
+    )
+    assert sample(after, "shardkit_monitor_read_ok") == 0
+
+
+@pytest.mark.slow
+def test_a_prefork_servers_processes_are_summed(sqlite_url: str, name: str, tmp_path: Path) -> None:
+    """Under $PROMETHEUS_MULTIPROC_DIR, forked workers' writes are summed by the
+    ``shardkit metrics`` endpoint, which itself wrote nothing."""
+    store, cache = store_url_for("postgres", sqlite_url), CACHE_URLS["redis"]
+    require(cache)
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    workers = [sys.executable, str(SUPPORT / "metrics_workers.py"), store, cache, PREFIX, name]
+    subprocess.run([*workers, "3", "40"], env=env, check=True, timeout=120)
+    port = free_port()
+    command = [sys.executable, "-m", "shardkit", "--store", store, "--cache", cache]
+    command += ["--prefix", PREFIX, "metrics", "--port", str(port), "--counter", name]
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) as served:
+        try:
+            assert served.stdout is not None
+            assert "serving metrics on" in served.stdout.readline()
+            got = scrape(f"http://127.0.0.1:{port}/metrics")
+        finally:
+            served.terminate()
+            served.wait(10)
+    assert sample(got, "shardkit_write_seconds_count", kind="sharded", outcome="applied") == 120
+    assert sample(got, "shardkit_counter_value", counter=name, kind="sharded") == 120
+
+
+# -- the dashboard's API ---------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def served(app: Any) -> Iterator[httpx.Client]:
+    """``app`` served by uvicorn from a thread on a free port, and a client of it."""
+    server = uvicorn.Server(uvicorn.Config(app, port=free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    try:
+        wait_for(lambda: server.started or not thread.is_alive(), "uvicorn to start", 30)
+        assert server.started
+        with httpx.Client(base_url=f"http://127.0.0.1:{server.config.port}") as client:
+            yield client
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@pytest.fixture
+def client(kit: shardkit.Kit) -> Iterator[httpx.Client]:
+    with served(dashboard(kit, token=TOKEN)) as the_client:
+        yield the_client
+
+
+def test_the_dashboard_lists_counters_with_their_parts(
+    kit: shardkit.Kit, client: httpx.Client
+) -> None:
+    prefix = f"test:dash:{uuid.uuid4().hex}:"
+    kit.sharded(prefix + "views", shards=4).incr(6)
+    hits = kit.buffered(prefix + "hits", interval=3600)
+    hits.incr(9)
+    hits.flush()
+    hits.incr(2)
+    kit.ids(prefix + "ids", block=50).next()
+    kit.monotonic(prefix + "seq").incr(3)
+    found = client.get("/api/counters", params={"prefix": prefix}).json()["counters"]
+    assert found == [
+        {"name": prefix + "hits", "kind": "buffered", "shards": 1, "value": 11, "cached": None,
+         "pending": 2},
+        {"name": prefix + "ids", "kind": "ids", "shards": 1, "value": 50, "cached": None,
+         "pending": None},
+        {"name": prefix + "seq", "kind": "monotonic", "shards": 20, "value": 3, "cached": None,
+         "pending": None},
+        {"name": prefix + "views", "kind": "sharded", "shards": 4, "value": 6, "cached": 6,
+         "pending": None},
+    ]  # fmt: skip
+    limited = client.get("/api/counters", params={"prefix": prefix, "limit": "1"}).json()
+    assert [c["name"] for c in limited["counters"]] == [prefix + "hits"]
+    for bad in ("0", "many", "1000000"):
+        answer = client.get("/api/counters", params={"limit": bad})
+        assert answer.status_code == 400
+        assert "limit" in answer.json()["error"]
+
+
+def test_the_dashboard_draws_a_jobs_tree_of_ranges(
+    kit: shardkit.Kit, client: httpx.Client, table: sa.Table
+) -> None:
+    job = kit.map(table, lambda batch: None, key="id", page_size=20, fanout=4)
+    job.wait(30)
+    listed = client.get("/api/jobs").json()["jobs"]
+    assert next(j for j in listed if j["id"] == job.id)["rows"] == 250
+    found = client.get(f"/api/jobs/{job.id}").json()
+    assert found["job"]["state"] == "complete"
+    assert found["job"]["rows"] == 250
+    assert found["job"]["rows_per_second"] > 0
+    ranges = found["ranges"]
+    by_id = {r["id"]: r for r in ranges}
+    [root] = [r for r in ranges if r["parent"] is None]
+    assert (root["lo"], root["hi"], root["depth"]) == (None, None, 0)
+    assert len(ranges) > 1
+    assert not found["truncated"]
+    # A tree: every other range's parent is there, one level up; every row is in one.
+    for r in ranges:
+        if r is not root:
+            assert by_id[r["parent"]]["depth"] == r["depth"] - 1
+    assert sum(r["rows"] for r in ranges) == 250
+    assert {r["state"] for r in ranges} == {"done"}
+    # Siblings come in their keys' order.
+    for parent in ranges:
+        children = [r for r in ranges if r["parent"] == parent["id"]]
+        lows = [int(r["lo"]) if r["lo"] is not None else -1 for r in children]
+        assert lows == sorted(lows)
+
+
+def test_cancel_and_resume_need_the_token(
+    kit: shardkit.Kit, client: httpx.Client, table: sa.Table
+) -> None:
+    job = kit.map(table, lambda batch: None, key="id", page_size=20)
+    job.wait(30)
+    url = f"/api/jobs/{job.id}/cancel"
+    assert client.post(url).status_code == 401
+    assert client.post(url, headers={"Authorization": "Bearer wrong-token-here"}).status_code == 401
+    assert client.get(url).status_code == 405  # an action is never a GET
+    answer = client.post(url, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert answer.status_code == 200
+    assert answer.json()["result"] is False
+    assert (
+        client.post(
+            "/api/jobs/no-such-job/resume", headers={"Authorization": f"Bearer {TOKEN}"}
+        ).status_code
+        == 404
+    )
+    with served(dashboard(kit)) as read_only:
+        assert read_only.get("/api/info").json()["writable"] is False
+        refused = read_only.post(url, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert refused.status_code == 403
+        assert "read-only" in refused.json()["error"]
+    with pytest.raises(shardkit.ValidationError, match="16 characters"):
+        dashboard(kit, token="short")
+
+
+def test_the_page_and_bad_job_ids(client: httpx.Client) -> None:
+    page = client.get("/")
+    assert page.status_code == 200
+    assert "<title>shardkit</title>" in page.text
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    for bad in ("no-such-job", "x" * 65, "bad id"):
+        answer = client.get(f"/api/jobs/{bad}")
+        assert answer.status_code == 404, bad
+        assert "error" in answer.json()
+
+
+def test_no_password_reaches_the_dashboard(sqlite_url: str) -> None:
+    url = make_url(store_url_for("postgres", sqlite_url)).set(password="s3cret-pw")
+    with (
+        shardkit.connect(url.render_as_string(hide_password=False), prefix=PREFIX) as kit,
+        served(dashboard(kit)) as client,
+    ):
+        info = client.get("/api/info").json()
+        assert "***" in info["store"]
+        for path in ("/", "/api/info", "/api/counters", "/api/jobs", "/metrics"):
+            assert "s3cret-pw" not in client.get(path).text, path

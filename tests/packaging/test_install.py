@@ -1,0 +1,290 @@
+"""What a fresh install gets: each extra, installed alone from the working tree into a
+clean virtual environment (no test dependencies in it), runs its README example there
+against the real services (the scripts are in ``readme_examples/``). And what keeps a
+fresh clone green when a dependency makes a new release: CI's pins cover everything the
+tests install, and a dependency's own deprecation warnings do not fail the tests.
+
+shardkit's wheel is built once per session, as ``pip install <repo>`` builds it, and each
+extra's environment is made once per session; pip takes the packages from its cache and
+its configured index (and honours ``PIP_CONSTRAINT``, as CI sets it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from backends import (
+    CACHE_URLS,
+    CELERY_BROKERS,
+    PREFIX,
+    ROOT,
+    free_port,
+    require,
+    require_broker,
+    store_url_for,
+)
+
+EXAMPLES = Path(__file__).resolve().parent / "readme_examples"
+DEADLINE = 120.0  # seconds a script or a worker's job may take, on a busy machine
+ROWS = 1000  # accounts the Celery worker's mapping job visits
+
+Venv = Callable[[str], Path]
+
+
+def _run(command: list[str], **options: Any) -> str:
+    """Run ``command``; its stdout, or the test fails showing what it printed."""
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=DEADLINE, check=False, **options
+    )
+    if done.returncode != 0:
+        pytest.fail(
+            f"{' '.join(command)} exited with {done.returncode}\n"
+            f"--- stdout ---\n{done.stdout[-3000:]}\n--- stderr ---\n{done.stderr[-5000:]}"
+        )
+    return done.stdout
+
+
+def _pip(*args: str) -> str:
+    return _run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args])
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """shardkit's wheel, built from the working tree."""
+    out = tmp_path_factory.mktemp("wheel")
+    _pip("wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(ROOT))
+    (built,) = out.glob("shardkit-*.whl")
+    return built
+
+
+@pytest.fixture(scope="session")
+def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Venv:
+    """``venv(extra)``: a virtual environment holding ``shardkit[extra]`` and what it
+    requires, nothing else (made once per session)."""
+    made: dict[str, Path] = {}
+
+    def make(extra: str) -> Path:
+        if extra not in made:
+            path = tmp_path_factory.mktemp(f"venv-{extra}")
+            _run([sys.executable, "-m", "venv", "--clear", "--without-pip", str(path)])
+            python = str(path / "bin" / "python")
+            _pip("--python", python, "install", "--quiet", f"shardkit[{extra}] @ {wheel.as_uri()}")
+            # Clean: the test dependencies (which bring packages of their own) are absent.
+            _run([python, "-c", "import importlib.util as u; assert not u.find_spec('pytest')"])
+            made[extra] = path
+        return made[extra]
+
+    return make
+
+
+def environ(venv: Path, **variables: str) -> dict[str, str]:
+    """The environment of a process of ``venv``: nothing of this session's Python path,
+    Django settings or shardkit configuration, and no user site-packages."""
+    dropped = ("PYTHONPATH", "PYTHONHOME", "DJANGO_SETTINGS_MODULE", "VIRTUAL_ENV")
+    inherited = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in dropped and not key.startswith("SHARDKIT_")
+    }
+    path = f"{venv / 'bin'}{os.pathsep}{inherited.get('PATH', '')}"
+    return {
+        **inherited,
+        "PATH": path,
+        "VIRTUAL_ENV": str(venv),
+        "PYTHONNOUSERSITE": "1",
+        **variables,
+    }
+
+
+def run_json(
+    venv: Path, script: str, *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> Any:
+    """Run ``script`` (in ``cwd``) with ``venv``'s Python (in ``environ(venv)`` unless
+    given ``env``); the JSON it printed last."""
+    out = _run([str(venv / "bin" / "python"), script, *args], cwd=cwd, env=env or environ(venv))
+    return json.loads(out.splitlines()[-1])
+
+
+def project(name: str, tmp_path: Path) -> Path:
+    """A copy of ``readme_examples/<name>`` to run in (it writes its database there)."""
+    return Path(shutil.copytree(EXAMPLES / name, tmp_path / name))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("extra", "store", "cache"),
+    [
+        ("postgres", "postgres", "memory"),
+        ("mysql", "mysql", "memory"),
+        ("redis", "sqlite", "redis"),
+        ("memcached", "sqlite", "memcached"),
+    ],
+)
+def test_each_driver_extra_alone_runs_the_readme_counters(
+    extra: str, store: str, cache: str, venv: Venv, sqlite_url: str, tmp_path: Path
+) -> None:
+    store_url = store_url_for(store, sqlite_url)  # its tables are dropped with the session's
+    cache_url = CACHE_URLS[cache]
+    if cache != "memory":
+        require(cache_url)
+    counted = run_json(venv(extra), "counting.py", store_url, cache_url, PREFIX, cwd=EXAMPLES)
+    assert counted == {"value": 4, "fresh": 4, "repeated": False, "shards": 20, "hits": [4, 0]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("extras", "store", "cache"),
+    [
+        ("aio", "sqlite", "memory"),
+        ("aio,postgres,redis", "postgres", "redis"),
+        ("aio,mysql", "mysql", "memory"),
+    ],
+)
+def test_the_aio_extra_runs_the_readme_async_example(
+    extras: str, store: str, cache: str, venv: Venv, sqlite_url: str
+) -> None:
+    store_url = store_url_for(store, sqlite_url)
+    cache_url = CACHE_URLS[cache]
+    if cache != "memory":
+        require(cache_url)
+    counted = run_json(
+        venv(extras), "counting_async.py", store_url, cache_url, PREFIX, cwd=EXAMPLES
+    )
+    assert list(counted.pop("values").values()) == [15]
+    assert counted == {"value": 15, "fresh": 15, "repeated": False, "together": 10, "shards": 32}
+
+
+@pytest.mark.slow
+def test_the_django_extra_alone_migrates_and_counts_updates(venv: Venv, tmp_path: Path) -> None:
+    site, django = project("django_project", tmp_path), venv("django")
+    python = str(django / "bin" / "python")
+    _run([python, "manage.py", "migrate", "--verbosity", "0"], cwd=site, env=environ(django))
+    counted = run_json(django, "counting.py", cwd=site)
+    assert counted == {"views": 2, "likes": 4, "page": [["counted", 2]]}
+
+
+@pytest.mark.slow
+def test_the_metrics_and_dashboard_extras_alone_serve_both(venv: Venv, tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'app.db'}"
+    ports = [str(free_port()), str(free_port())]
+    served = run_json(
+        venv("metrics,dashboard"), "monitoring.py", store, PREFIX, *ports, cwd=EXAMPLES
+    )
+    assert served == {"metric": True, "page": True, "counters": [["sharded", 3]]}
+
+
+@contextlib.contextmanager
+def celery_worker(venv: Path, cwd: Path, env: dict[str, str], log: Path) -> Iterator[None]:
+    """``celery -A proj worker`` of ``venv`` on the environment's queue, in a session of
+    its own; stopped (warm shutdown, then SIGKILL of the session) at the end."""
+    command = [str(venv / "bin" / "celery"), "-A", "proj", "worker", "-Q", env["README_QUEUE"]]
+    command += ["-n", f"{env['README_QUEUE']}@%h", "--loglevel", "INFO"]
+    with open(log, "wb") as out:
+        worker = subprocess.Popen(
+            command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        yield
+    finally:
+        worker.send_signal(signal.SIGTERM)  # warm shutdown
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.wait(DEADLINE)
+        with contextlib.suppress(ProcessLookupError):  # its pool, or itself if it hung
+            os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("broker", list(CELERY_BROKERS))
+def test_the_celery_extra_alone_runs_the_readme_map_on_a_real_worker(
+    broker: str, venv: Venv, tmp_path: Path
+) -> None:
+    require_broker(CELERY_BROKERS[broker])
+    proj, celery = project("celery_project", tmp_path), venv("celery")
+    env = environ(
+        celery,
+        README_BROKER=CELERY_BROKERS[broker],
+        README_STORE=f"sqlite:///{tmp_path / 'app.db'}",
+        README_QUEUE=f"shardkit-readme-{uuid.uuid4().hex[:12]}",
+    )
+    log = tmp_path / "worker.log"
+    try:
+        with celery_worker(celery, proj, env, log):
+            mapped = run_json(celery, "mapping.py", str(ROWS), str(DEADLINE), cwd=proj, env=env)
+    except BaseException:
+        print(f"--- worker ---\n{log.read_text(errors='replace')[-5000:]}")
+        raise
+    assert mapped["balances"] == {"10": ROWS}
+    assert mapped["audit"] == [[mapped["job"], ROWS]]
+
+
+def _required(requirement: Requirement, seen: set[tuple[str, frozenset[str]]]) -> None:
+    """Add to ``seen`` the distribution ``requirement`` names, with its extras, and,
+    recursively, what its installed metadata requires on this interpreter."""
+    key = (canonicalize_name(requirement.name), frozenset(requirement.extras))
+    if key in seen:
+        return
+    seen.add(key)
+    for text in metadata.requires(requirement.name) or []:
+        required = Requirement(text)
+        marker = required.marker
+        if marker is None or any(marker.evaluate({"extra": e}) for e in {"", *key[1]}):
+            _required(required, seen)
+
+
+def test_ci_pins_every_distribution_the_tests_install() -> None:
+    pins = {}
+    for line in (ROOT / ".ci" / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            pins[canonicalize_name(name)] = version
+    seen: set[tuple[str, frozenset[str]]] = set()
+    _required(Requirement("shardkit[test]"), seen)  # as installed by `pip install -e .[test]`
+    installed = {name for name, _ in seen} - {"shardkit"}
+    assert sorted(installed - set(pins)) == []
+    assert all(pins.values())  # exact versions
+    assert "shardkit" not in pins  # the editable project cannot be constrained
+    assert {"psycopg", "cryptography", "packaging", "redis", "kombu", "pytest"} <= installed
+
+
+def test_a_dependencys_own_deprecation_is_shown_and_one_caused_here_is_an_error() -> None:
+    """pyproject's warning filters (in force in every test): a deprecation warning a
+    dependency raises in its own code is shown; one attributed to shardkit's code or a
+    test's (as a deprecated function's warning is to its caller) is an error, and so is
+    any other warning."""
+    deprecations = [DeprecationWarning, PendingDeprecationWarning]
+    with warnings.catch_warnings(record=True) as shown:
+        for category, module in zip(deprecations, ["kombu.utils", "django.db"], strict=True):
+            warnings.warn_explicit("old", category, f"{module}.py", 1, module=module)
+    assert [warning.category for warning in shown] == deprecations
+    for module in (
+        "shardkit",
+        "shardkit.kit",
+        "test_install",
+        "conftest",
+        "contrib.django.test_django_counts",
+        "servers",
+        "mapper_workers",
+    ):
+        for category in deprecations:
+            with pytest.raises(category):
+                warnings.warn_explicit("old", category, f"{module}.py", 1, module=module)
+    with pytest.raises(UserWarning):
+        warnings.warn_explicit("odd", UserWarning, "kombu/x.py", 1, module="kombu.x")

@@ -1,0 +1,225 @@
+"""Redis Cluster: one hot buffered counter spread over every primary by its stripes, and
+a primary SIGKILLed under load (its replica promoted): sharded counts exact, buffered
+counts losing at most what was pending, ids never handed out twice.
+
+The guarantee suites themselves (cache conformance, every counter kind, the executor's
+marks, processes sharing the cache) run on the session's cluster through the
+``redis-cluster`` cache parameter (``conftest.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
+
+import shardkit
+from backends import PREFIX, free_port, store_url_for
+from servers import ClusterNode, Cutter, RedisClusterServers, Writers, running
+from shardkit import BufferedCounter
+from shardkit.cache import open_cache
+from shardkit.cache.cluster import AsyncRedisClusterCache, RedisClusterCache
+from shardkit.counters.buffered import _BASE as BASE
+from shardkit.errors import BackendError, BackendUnavailable
+from shardkit.store.base import RETIRED
+
+pytestmark = pytest.mark.slow
+
+
+def incrbys(nodes: list[ClusterNode]) -> dict[int, int]:
+    """``INCRBY`` commands each node has run, from ``INFO commandstats``."""
+    counts = {}
+    for node in nodes:
+        counts[node.port] = node.info("INFO commandstats").get("cmdstat_incrby", {"calls": 0})[
+            "calls"
+        ]
+    return counts
+
+
+def test_stripes_spread_one_hot_counter_over_every_primary(
+    redis_cluster: RedisClusterServers, sqlite_url: str, name: str
+) -> None:
+    primaries = redis_cluster.primaries()
+    with shardkit.connect(sqlite_url, redis_cluster.url, prefix=PREFIX) as kit:
+        assert isinstance(kit.cache, RedisClusterCache)
+        striped = kit.buffered(name, interval=3600)
+        assert striped.stripes == len(primaries) == 3  # the cache's default: one each
+        single = kit.buffered(f"{name}:single", interval=3600, stripes=1)
+        spread = {}
+        for counter in (striped, single):
+            before = incrbys(primaries)
+            for _ in range(3000):
+                counter.incr()
+            after = incrbys(primaries)
+            spread[counter.stripes] = [after[port] - before[port] for port in sorted(after)]
+        assert striped.value() == single.value() == 3000
+        kit.flush_all()
+        assert striped.parts() == single.parts() == (3000, 0)
+    mean = sum(spread[3]) / 3
+    assert all(abs(count - mean) <= 0.15 * mean for count in spread[3]), spread
+    assert sorted(spread[1]) == [0, 0, 3000], spread  # one primary takes them all
+
+
+def test_a_primary_killed_under_load_loses_only_pending_and_repeats_no_id(
+    sqlite_url: str, name: str, capsys: Any
+) -> None:
+    store = store_url_for("postgres", sqlite_url)
+    with running(RedisClusterServers) as cluster:  # its own: it breaks it
+        kit = shardkit.connect(store, cluster.url, prefix=PREFIX)
+        sharded = kit.sharded(name, shards=8)
+        buffered = kit.buffered(f"{name}:buffered", interval=3600)
+        ids = kit.ids(f"{name}:ids", block=50)
+        taken: list[int] = []
+        kinds = ("sharded", "buffered", "ids")
+        calls = (sharded.incr, buffered.incr, lambda: taken.append(ids.next()))
+
+        def acked(writers: Writers) -> dict[str, int]:
+            """Calls that returned, by kind (writer ``slot`` writes ``kinds[slot % 3]``)."""
+            return {kind: sum(writers.acked[k::3]) for k, kind in enumerate(kinds)}
+
+        with Writers(lambda slot: calls[slot % 3](), count=6, pause=0.01) as writers:
+            writers.wait_acked(200)
+            kit.flush_all()
+            victim = cluster.primaries()[0]
+            # What may be lost: the victim's stripes' pending sums, and what is counted
+            # between this reading and the kill.
+            before = acked(writers)["buffered"]
+            on_victim = pending_on(kit, buffered, f"127.0.0.1:{victim.port}")
+            cluster.kill(victim)
+            exposed = on_victim + acked(writers)["buffered"] - before
+            killed_at = time.monotonic()
+            cluster.wait_healthy()
+            promoted = time.monotonic() - killed_at
+            writers.wait_acked(200)  # and on after the failover
+        done = acked(writers)
+        kit.flush_all()
+        counted = sharded.value(fresh=True), buffered.parts()
+        kit.close()
+    assert counted[0] == done["sharded"]  # the store is the truth: exact
+    assert counted[1].pending == 0
+    lost = done["buffered"] - counted[1].stored
+    # Never doubled; lost at most what was pending on the primary that died.
+    assert 0 <= lost <= exposed
+    assert len(set(taken)) == len(taken) == done["ids"]  # no id handed out twice
+    raised = writers.raised()
+    assert all(isinstance(exc, BackendError) for exc in raised)
+    with capsys.disabled():
+        print(
+            f"\nfailover: replica promoted {promoted:.1f} s after the kill; {len(raised)} "
+            f"calls raised meanwhile; buffered lost {lost} of {exposed} pending on the "
+            "killed primary at most; "
+            f"{len(taken)} ids, none twice; sharded exact ({counted[0]})"
+        )
+
+
+def pending_on(kit: shardkit.Kit, counter: BufferedCounter, primary: str) -> int:
+    """What ``counter``'s generations whose keys live on ``primary`` hold beyond what
+    the store applied."""
+    assert isinstance(kit.cache, RedisClusterCache)
+    pending = 0
+    for generation, applied in kit.store.generations([counter.name])[counter.name].items():
+        keys = counter._keys(generation)
+        if generation != RETIRED and kit.cache.owner(keys[0]) == primary:
+            up, down = (kit.cache.get_many(keys).get(key, BASE) - BASE for key in keys)
+            pending += (up - applied.up) - (down - applied.down)
+    return pending
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_an_increment_whose_reply_is_lost_raises_and_is_counted_once(
+    redis_cluster: RedisClusterServers, name: str, kind: str
+) -> None:
+    """A cluster client made by its constructor sends a command whose connection failed
+    again (after reading the map again): an increment the server applied would count
+    twice. Through proxies that can cut a node's connection before its reply."""
+    proxies = {node.port: Cutter("127.0.0.1", node.port) for node in redis_cluster.nodes}
+
+    def remap(address: tuple[str, int]) -> tuple[str, int]:
+        return "127.0.0.1", proxies[address[1]].port
+
+    key = f"{{{name}}}:bumped"
+    start = {"host": "127.0.0.1", "port": redis_cluster.primaries()[0].port}
+
+    async def bumps(cache: Any) -> tuple[int, int, int]:
+        first = await cache.bump(key, 1)
+        for proxy in proxies.values():
+            proxy.arm(b"INCRBY")
+        with pytest.raises(BackendUnavailable):
+            await cache.bump(key, 1)
+        return first, await cache.get(key), await cache.bump(key, 1)
+
+    try:
+        if kind == "sync":
+            cache = RedisClusterCache(RedisCluster(**start, address_remap=remap))
+            counted = asyncio.run(bumps(Awaited(cache)))
+            cache.close()
+            cache._client.close()
+        else:
+
+            async def main() -> tuple[int, int, int]:
+                client = AsyncRedisCluster(**start, address_remap=remap)
+                cache = AsyncRedisClusterCache(client)
+                try:
+                    return await bumps(cache)
+                finally:
+                    await cache.close()
+                    await client.aclose()
+
+            counted = asyncio.run(main())
+    finally:
+        for proxy in proxies.values():
+            proxy.close()
+    assert counted == (1, 2, 3)
+
+
+class Awaited:
+    """A sync cache's calls, awaitable (one test body for both forms)."""
+
+    def __init__(self, cache: Any) -> None:
+        self._cache = cache
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._cache, name)
+
+        async def call(*args: Any) -> Any:
+            return method(*args)
+
+        return call
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis+cluster://", "redis+cluster://127.0.0.1:7000/3", "redis+cluster://h:99999"],
+)
+def test_a_bad_cluster_url_is_a_configuration_error(url: str) -> None:
+    with pytest.raises(shardkit.ConfigurationError):
+        open_cache(url)
+
+
+def test_an_unreachable_cluster_is_named_without_its_password() -> None:
+    with pytest.raises(shardkit.BackendUnavailable) as raised:
+        open_cache(f"redis+cluster://app:s3cret-pw@127.0.0.1:{free_port()}")
+    assert "s3cret-pw" not in str(raised.value)
+    assert "redis+cluster://app:***@127.0.0.1" in str(raised.value)
+
+
+def test_names_with_braces_keep_their_stripes_apart(
+    redis_cluster: RedisClusterServers, sqlite_url: str, name: str
+) -> None:
+    """A hash tag ends at the first ``}``: the tags are digests, so any name spreads."""
+    with shardkit.connect(sqlite_url, redis_cluster.url, prefix=PREFIX) as kit:
+        cache = kit.cache
+        assert isinstance(cache, RedisClusterCache)
+        counter = kit.buffered(f"}}{name}{{x}}", interval=3600)
+        for _ in range(300):
+            counter.incr()
+        generations = kit.store.generations([counter.name])[counter.name]
+        assert {cache.owner(counter._keys(g)[0]) for g in generations} == set(cache.owners())
+        for generation in generations:  # a generation's two sums on one primary
+            up, down = counter._keys(generation)
+            assert cache.owner(up) == cache.owner(down)
+        counter.flush()
+        assert counter.parts() == (300, 0)

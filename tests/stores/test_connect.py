@@ -1,0 +1,100 @@
+"""connect(): URLs, live objects and the environment."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import sqlalchemy as sa
+
+import shardkit
+from backends import CACHE_URLS, PREFIX, STORE_URLS, require, run_together
+from shardkit.executor import LocalExecutor
+from shardkit.store.sql import SqlStore
+
+
+def test_live_engine_and_redis_client_are_used_and_left_open(name: str) -> None:
+    redis = pytest.importorskip("redis")
+    require(STORE_URLS["postgres"] or "")
+    require(CACHE_URLS["redis"])
+    engine = sa.create_engine(STORE_URLS["postgres"] or "")
+    client = redis.Redis.from_url(CACHE_URLS["redis"])
+    with shardkit.connect(engine, client, prefix=PREFIX) as kit:
+        votes = kit.sharded(name)
+        votes.incr(4)
+        assert votes.value() == 4
+        assert kit.store.url == engine.url.render_as_string(hide_password=True)
+    with engine.connect() as conn:  # the kit closed neither
+        assert conn.execute(sa.text("select 1")).scalar() == 1
+    assert client.ping()
+    client.close()
+    engine.dispose()
+
+
+def test_live_pymemcache_client(sqlite_url: str, name: str) -> None:
+    base = pytest.importorskip("pymemcache.client.base")
+    require(CACHE_URLS["memcached"])
+    host, port = CACHE_URLS["memcached"].removeprefix("memcached://").split(":")
+    client = base.PooledClient((host, int(port)))
+    with shardkit.connect(sqlite_url, client, prefix=PREFIX) as kit:
+        votes = kit.sharded(name)
+        votes.decr(3)
+        assert votes.value() == -3
+        assert votes.value() == -3  # now from memcached, negative included
+    client.close()
+
+
+def test_defaults_come_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, sqlite_url: str, name: str
+) -> None:
+    monkeypatch.setenv("SHARDKIT_STORE", sqlite_url)
+    monkeypatch.setenv("SHARDKIT_CACHE", "memory://")
+    with shardkit.connect(prefix=PREFIX) as kit:
+        kit.sharded(name).incr(2)
+        assert kit.store.url == sqlite_url
+    with shardkit.connect(sqlite_url, prefix=PREFIX) as kit:
+        assert kit.get(name).value(fresh=True) == 2
+
+
+def test_the_embedded_default_is_a_sqlite_file_and_the_memory_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    monkeypatch.delenv("SHARDKIT_STORE", raising=False)
+    monkeypatch.delenv("SHARDKIT_CACHE", raising=False)
+    monkeypatch.chdir(tmp_path)  # type: ignore[arg-type]
+    with shardkit.connect(prefix=PREFIX) as kit:
+        assert kit.store.url == "sqlite:///shardkit.db"
+        assert kit.cache.url == "memory://"
+        kit.sharded("hello").incr()
+    assert (tmp_path / "shardkit.db").exists()  # type: ignore[operator]
+
+
+def test_a_url_store_keeps_a_connection_open_for_each_local_worker(sqlite_url: str) -> None:
+    workers = 12
+    kit = shardkit.connect(sqlite_url, prefix=PREFIX, executor=LocalExecutor(workers=workers))
+    with kit:
+        store = kit.store
+        assert isinstance(store, SqlStore)
+        together = threading.Barrier(workers + 1)
+
+        def hold() -> None:  # what a range task does: one connection per worker, at once
+            with store.engine.connect() as conn:
+                conn.execute(sa.select(sa.literal(1)))
+                together.wait(timeout=30)
+
+        run_together(workers + 1, lambda _: hold())
+        # Past SQLAlchemy's default pool of 5, returned connections would be closed.
+        assert store.engine.pool.checkedin() == workers + 1
+
+
+def test_a_handed_in_engine_smaller_than_the_local_workers_is_warned_of(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    for pool_size, warned in ((5, True), (9, False)):
+        engine = sa.create_engine(sqlite_url, pool_size=pool_size)
+        caplog.clear()
+        with shardkit.connect(engine, prefix=PREFIX, executor=LocalExecutor(workers=8)):
+            pass
+        engine.dispose()
+        said = [r.getMessage() for r in caplog.records if r.name == "shardkit"]
+        assert any("pool_size=9" in message for message in said) is warned, said

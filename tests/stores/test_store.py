@@ -1,0 +1,213 @@
+"""The store conformance suite: every store backend passes the same tests."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+
+import pytest
+
+from backends import PREFIX, STORE_URLS, run_together, store_url_for
+from shardkit.errors import CounterKindMismatch, CounterOverflow
+from shardkit.store import Flushed, Store, open_store
+from shardkit.store.base import RETIRED
+from shardkit.validation import INT64_MAX, INT64_MIN
+
+
+def test_create_schema_is_idempotent(store: Store) -> None:
+    store.create_schema()
+    store.create_schema()
+
+
+def test_open_counter_creates_then_only_grows(store: Store, name: str) -> None:
+    assert store.counter(name) is None
+    assert store.open_counter(name, "sharded", 4).shards == 4
+    assert store.open_counter(name, "sharded", 2).shards == 4
+    assert store.open_counter(name, "sharded", 9).shards == 9
+    assert store.open_counter(name, "sharded", 20, grow=False).shards == 9
+    assert store.counter(name) == store.open_counter(name, "sharded", 1)
+    assert name in [info.name for info in store.counters()]
+
+
+def test_open_counter_refuses_another_kind_and_changes_nothing(store: Store, name: str) -> None:
+    store.open_counter(name, "sharded", 3)
+    with pytest.raises(CounterKindMismatch, match="sharded"):
+        store.open_counter(name, "buffered", 8)
+    info = store.counter(name)
+    assert info is not None
+    assert (info.kind, info.shards) == ("sharded", 3)
+
+
+def test_add_creates_shard_rows_lazily_and_sums_them(store: Store, name: str) -> None:
+    assert store.total(name) == 0
+    assert store.add(name, 0, 5)
+    assert store.add(name, 3, -2)
+    assert store.add(name, 3, 10)
+    assert store.total(name) == 13
+
+
+def test_add_with_key_applies_once_per_counter(store: Store, name: str) -> None:
+    assert store.add(name, 0, 7, key="req-1")
+    assert not store.add(name, 1, 7, key="req-1")
+    assert store.add(name, 0, 1, key="req-2")
+    assert store.add(f"{name}:other", 0, 7, key="req-1")
+    assert store.total(name) == 8
+    assert store.total(f"{name}:other") == 7
+
+
+def test_totals_reads_many_counters_unknown_ones_as_zero(store: Store, name: str) -> None:
+    store.add(f"{name}:a", 0, 1)
+    store.add(f"{name}:b", 0, 2)
+    store.add(f"{name}:b", 1, 3)
+    names = [f"{name}:a", f"{name}:b", f"{name}:none", f"{name}:a"]
+    assert store.totals(names) == {f"{name}:a": 1, f"{name}:b": 5, f"{name}:none": 0}
+    assert store.totals([]) == {}
+
+
+def test_names_are_compared_exactly(store: Store, name: str) -> None:
+    variants = [f"{name}:Case", f"{name}:case", f"{name}:case ", f"{name}:ça 😀"]
+    for index, variant in enumerate(variants):
+        store.open_counter(variant, "sharded", 1)
+        store.add(variant, 0, index + 1)
+    assert store.totals(variants) == {v: i + 1 for i, v in enumerate(variants)}
+    listed = {info.name for info in store.counters()}
+    assert set(variants) <= listed
+
+
+def test_values_span_signed_64_bit(store: Store, name: str) -> None:
+    store.add(f"{name}:max", 0, INT64_MAX)
+    store.add(f"{name}:min", 0, INT64_MIN)
+    assert store.totals([f"{name}:max", f"{name}:min"]) == {
+        f"{name}:max": INT64_MAX,
+        f"{name}:min": INT64_MIN,
+    }
+
+
+def test_an_overflowing_write_fails_and_changes_nothing(store: Store, name: str) -> None:
+    """Refused as CounterOverflow, not a BackendError (which says it may have applied)."""
+    store.add(name, 0, INT64_MAX)
+    with pytest.raises(CounterOverflow):
+        store.add(name, 0, 1)
+    with pytest.raises(CounterOverflow):
+        store.add(name, 0, 1, key="overflow")
+    assert store.total(name) == INT64_MAX
+    # The failed keyed write rolled back its key too: it applies once the value allows.
+    store.add(name, 1, -5)
+    assert store.add(name, 1, 1, key="overflow")
+    assert store.total(name) == INT64_MAX - 4
+
+
+def test_purge_keys_forgets_old_keys_only(store: Store, name: str) -> None:
+    store.add(name, 0, 1, key="old")
+    cutoff = time.time() + 0.001
+    while time.time() <= cutoff:  # keys recorded from now on are newer than the cutoff
+        pass
+    store.add(name, 0, 1, key="new")
+    assert store.purge_keys(cutoff) >= 1
+    assert store.add(name, 0, 1, key="old")  # forgotten: applies again
+    assert not store.add(name, 0, 1, key="new")  # kept
+    assert store.total(name) == 3
+
+
+def test_concurrent_opens_and_grows_of_one_counter(store: Store, name: str) -> None:
+    """Processes opening a counter each with its own shard count race on one row."""
+
+    def work(seed: int) -> None:
+        for shards in random.Random(seed).sample(range(1, 60), 12):
+            store.open_counter(name, "sharded", shards, grow=bool(shards % 2))
+
+    run_together(8, work)  # raises what any opener raised
+    info = store.counter(name)
+    assert info is not None
+    grown = [s for seed in range(8) for s in random.Random(seed).sample(range(1, 60), 12) if s % 2]
+    assert info.shards >= max(grown)
+
+
+def test_generations_are_recorded_once_and_advanced_by_compare_and_set(
+    store: Store, name: str
+) -> None:
+    store.add_generation(name, 7)
+    store.add_generation(name, 7)
+    store.add_generation(name, INT64_MAX)
+    assert store.generations([name, f"{name}:none"]) == {
+        name: {7: Flushed(0, 0), INT64_MAX: Flushed(0, 0)}
+    }
+    assert store.advance(name, 7, Flushed(0, 0), Flushed(10, 3))
+    # A stale reading (another flush got there first) changes nothing.
+    assert not store.advance(name, 7, Flushed(0, 0), Flushed(12, 3))
+    assert not store.advance(name, 8, Flushed(0, 0), Flushed(1, 0))
+    assert store.advance(name, INT64_MAX, Flushed(0, 0), Flushed(INT64_MAX, 0))
+    assert store.generations([name])[name] == {7: Flushed(10, 3), INT64_MAX: Flushed(INT64_MAX, 0)}
+
+
+def test_totals_add_flushed_generations_to_shard_rows(store: Store, name: str) -> None:
+    store.add(name, 0, 5)
+    store.add_generation(name, 1)
+    store.add_generation(name, 2)
+    store.advance(name, 1, Flushed(), Flushed(100, 30))
+    store.advance(name, 2, Flushed(), Flushed(0, 1))
+    assert store.total(name) == 5 + 70 - 1
+    assert store.totals([name, f"{name}:none"]) == {name: 74, f"{name}:none": 0}
+
+
+def test_concurrent_advances_of_one_generation_have_one_winner(store: Store, name: str) -> None:
+    store.add_generation(name, 1)
+    winners: list[int] = []
+
+    def work(index: int) -> None:
+        if store.advance(name, 1, Flushed(), Flushed(index + 1, 0)):
+            winners.append(index)
+
+    run_together(8, work)
+    assert len(winners) == 1
+    assert store.generations([name])[name][1] == Flushed(winners[0] + 1, 0)
+
+
+def test_retire_folds_generations_into_one_once(store: Store, name: str) -> None:
+    for generation, sums in ((1, Flushed(50, 8)), (2, Flushed(5, 0))):
+        store.add_generation(name, generation)
+        store.advance(name, generation, Flushed(), sums)
+    assert not store.retire(name, 1, Flushed(50, 7))  # not what is recorded: kept
+    assert store.retire(name, 1, Flushed(50, 8))
+    assert not store.retire(name, 1, Flushed(50, 8))
+    assert store.retire(name, 2, Flushed(5, 0))
+    assert store.generations([name]) == {name: {RETIRED: Flushed(55, 8)}}
+    assert store.total(name) == 47
+
+
+def test_raise_max_only_raises_and_maxima_reads_the_highest_shard(store: Store, name: str) -> None:
+    store.raise_max(name, 0, 10)
+    store.raise_max(name, 0, 7)  # lower: kept at 10
+    store.raise_max(name, 3, 12)
+    store.raise_max(name, 5, INT64_MAX)
+    store.raise_max(f"{name}:b", 1, 4)
+    assert store.maxima([name, f"{name}:b", f"{name}:none"]) == {
+        name: INT64_MAX,
+        f"{name}:b": 4,
+        f"{name}:none": 0,
+    }
+    assert store.total(name) == 0  # maxima are not shard sums
+
+
+def test_concurrent_raises_keep_the_highest(store: Store, name: str) -> None:
+    run_together(8, lambda index: [store.raise_max(name, 0, index * 100 + i) for i in range(20)])
+    assert store.maxima([name])[name] == 719
+
+
+@pytest.mark.parametrize("kind", list(STORE_URLS))
+def test_racing_schema_creations_all_succeed(kind: str, sqlite_url: str) -> None:
+    """Processes that start together (a Celery worker and its app, gunicorn workers) each
+    create the schema: every racer succeeds, however their table creations interleave."""
+    url = store_url_for(kind, sqlite_url)
+    for _ in range(3):
+        prefix = f"{PREFIX}race{uuid.uuid4().hex[:6]}_"
+        stores = [open_store(url, prefix=prefix) for _ in range(6)]
+        try:
+            run_together(len(stores), lambda i, racers=stores: racers[i].create_schema())
+            stores[0].add("race", 0, 1)
+            assert stores[-1].total("race") == 1
+        finally:
+            stores[0].metadata.drop_all(stores[0].engine)  # type: ignore[attr-defined]
+            for store in stores:
+                store.close()
