@@ -112,7 +112,7 @@ class Writers:
 
 # -- (a) flushers killed at each crash point --------------------------------------------
 
-FLUSHERS = 54  # 18 per crash point
+FLUSHERS = 27  # 9 per crash point
 
 
 @pytest.mark.slow

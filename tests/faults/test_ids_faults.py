@@ -239,7 +239,7 @@ def _summary(outcome: Outcome, every: list[int], reserved: int, block: int) -> s
 # -- PostgreSQL + Redis ---------------------------------------------------------------------
 
 TAKERS = 16
-TOTAL = 200_000
+TOTAL = 80_000
 BLOCK = 200
 WIPES = 12
 KILLS = 5

@@ -1,5 +1,6 @@
-"""The mapper's guarantee under faults: 200,000 rows, ``fn`` adds 10 to each in a
-transactional job while pages fail and the processes running them are SIGKILLed.
+"""The mapper's guarantee under faults: 60,000 rows (``SHARDKIT_TEST_MAPPER_ROWS`` sets
+another number), ``fn`` adds 10 to each in a transactional job while pages fail and the
+processes running them are SIGKILLed.
 
 On SQLite and PostgreSQL the job runs in subprocesses on the local executor: each one
 dies once (while a page's update is uncommitted) until the kill slots are spent, and the
@@ -23,13 +24,13 @@ from pathlib import Path
 import pytest
 import redis
 import sqlalchemy as sa
-from test_celery import Workers, config_for
 
 import shardkit
 from backends import PREFIX, SUPPORT, store_url_for
 from celery_app import Config, build
+from celery_workers import Workers, config_for
 
-ROWS = int(os.environ.get("SHARDKIT_TEST_MAPPER_ROWS", "200000"))
+ROWS = int(os.environ.get("SHARDKIT_TEST_MAPPER_ROWS", "60000"))  # 120 pages of 500
 KILLS = 3
 DEADLINE = 300.0  # seconds a whole job may take, kills and retries included
 

@@ -973,8 +973,7 @@ def second_page_trips(
     kit: shardkit.Kit, tables: Tables, transactional: bool, path: Path
 ) -> list[list[str]]:
     """The round trips of the second page of a range (its first read the ledger's row)."""
-    if sql_store(kit).dialect.name != "postgresql":
-        pytest.skip("libpq's trace: PostgreSQL only")
+    assert sql_store(kit).dialect.name == "postgresql"  # libpq's trace
     table, initial = key_table(tables, "sequential", 100)
     fn = add_ten(table) if transactional else lambda batch: None
     spec = MapSpec(TableSource(table, "k"), fn, None, 10, 1, transactional, 0)
@@ -997,6 +996,7 @@ def second_page_trips(
     return trips
 
 
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)  # libpq's trace
 def test_a_transactional_pages_checkpoint_rides_with_its_commit(
     kit: shardkit.Kit, tables: Tables, tmp_path: Path
 ) -> None:
@@ -1006,6 +1006,7 @@ def test_a_transactional_pages_checkpoint_rides_with_its_commit(
     assert trips == [["BEGIN"], ["SELECT"], ["UPDATE"] * 10, ["WITH", "COMMIT"]]
 
 
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)  # libpq's trace
 def test_an_at_least_once_page_reads_and_checkpoints_outside_transactions(
     kit: shardkit.Kit, tables: Tables, tmp_path: Path
 ) -> None:

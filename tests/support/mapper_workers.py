@@ -34,7 +34,7 @@ from typing import Any
 import sqlalchemy as sa
 
 FAIL_PROBABILITY = 0.04
-KILL_WITHIN = (5, 40)  # a process kills itself at one of its pages in this range
+KILL_WITHIN = (5, 25)  # a process kills itself at one of its pages in this range
 
 _pages = itertools.count(1)
 _kill_at = random.randint(*KILL_WITHIN)
