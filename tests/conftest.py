@@ -140,6 +140,24 @@ def own_redis() -> Iterator[str]:
         yield server.url
 
 
+@pytest.fixture(scope="session")
+def own_memcached() -> Iterator[str]:
+    """The URL of a memcached of this worker's own, started on first use and reused."""
+    from servers import MemcachedServer, running
+
+    with running(MemcachedServer) as server:
+        yield server.url
+
+
+@pytest.fixture(params=["redis", "memcached", CLUSTER])
+def own_cache_url(request: pytest.FixtureRequest) -> str:
+    """Each shared cache on servers this worker has to itself: for tests that count the
+    commands a server received (its statistics are server-wide)."""
+    if request.param == CLUSTER:
+        return cache_url_of(request, CLUSTER)
+    return str(request.getfixturevalue(f"own_{request.param}"))
+
+
 @pytest.fixture
 def name() -> str:
     """A counter name no other test or run uses."""

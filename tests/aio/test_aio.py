@@ -17,6 +17,7 @@ import shardkit
 import shardkit.aio
 import workers
 from backends import CACHE_URLS, CLUSTER, PREFIX, STORE_URLS, Target, cache_url_of, require
+from received import increments_received, row_writes
 from shardkit.errors import ConfigurationError, CounterOverflow, InvalidDelta
 from shardkit.store import open_store
 from shardkit.store.sql import _POOLED, SqlStore
@@ -45,18 +46,6 @@ def with_kit(
             return await work(kit)
 
     return asyncio.run(main())
-
-
-class Statements:
-    """Counts the shard upserts an engine sends (its sync facade's, for an async one)."""
-
-    def __init__(self, engine: sa.Engine) -> None:
-        self.upserts = 0
-        sa.event.listen(engine, "before_cursor_execute", self._seen)
-
-    def _seen(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if statement.lstrip().upper().startswith("INSERT") and "shards" in statement:
-            self.upserts += 1
 
 
 def sync_process(target: Target, name: str, kind: str, rounds: int) -> Any:
@@ -100,17 +89,23 @@ def test_sync_and_async_processes_count_into_the_same_counter_exactly(
 def test_concurrent_coroutines_share_one_statement(
     store_url: str, aio_cache_url: str, name: str
 ) -> None:
-    """256 coroutines incrementing one counter at once: one upsert carries them all, and
-    every one of them returns having counted."""
+    """256 coroutines incrementing one counter at once: one upsert carries them all (as
+    the database counts its writes of the shard row), and every one of them returns
+    having counted."""
+    engine = sa.create_engine(store_url)
 
     async def work(kit: shardkit.aio.AsyncKit) -> tuple[list[bool], int, int]:
-        counter = await kit.sharded(name, shards=8)
-        statements = Statements(kit.store.engine.sync_engine)
-        applied = await asyncio.gather(*(counter.incr() for _ in range(256)))
-        upserts = statements.upserts
-        return applied, upserts, await counter.value()
+        counter = await kit.sharded(name, shards=1)
+        await counter.incr(0)  # the shard row and its table exist
+        with row_writes(engine, f"{PREFIX}shards", name) as upserts:
+            applied = await asyncio.gather(*(counter.incr() for _ in range(256)))
+            written = upserts()
+        return applied, written, await counter.value()
 
-    applied, upserts, value = with_kit(store_url, aio_cache_url, work)
+    try:
+        applied, upserts, value = with_kit(store_url, aio_cache_url, work)
+    finally:
+        engine.dispose()
     assert applied == [True] * 256
     assert upserts == 1
     assert value == 256
@@ -298,19 +293,21 @@ def test_buffered_sync_and_async_processes_count_and_flush_each_other_exactly(
 
 
 def test_concurrent_coroutines_share_one_cache_command(
-    store_url: str, aio_cache_url: str, name: str
+    store_url: str, own_cache_url: str, name: str
 ) -> None:
-    """256 coroutines incrementing a buffered counter at once are one cache command."""
+    """256 coroutines incrementing a buffered counter at once are one cache command (as
+    the cache server counts them)."""
+    received = increments_received(own_cache_url)
 
-    async def work(kit: shardkit.aio.AsyncKit) -> tuple[list[int], int]:
+    async def work(kit: shardkit.aio.AsyncKit) -> tuple[int, int]:
         hits = await kit.buffered(name, interval=3600)
         await hits.incr()  # its generation exists: what follows is bumps only
-        sent = record_bumps(kit)
+        before = await asyncio.to_thread(received)
         await asyncio.gather(*(hits.incr() for _ in range(256)))
-        return sent, await hits.value()
+        return await asyncio.to_thread(received) - before, await hits.value()
 
-    sent, value = with_kit(store_url, aio_cache_url, work)
-    assert sent == [256]
+    sent, value = with_kit(store_url, own_cache_url, work)
+    assert sent == 1
     assert value == 257
 
 

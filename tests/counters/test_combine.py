@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 import shardkit
-from backends import wait_for
+from backends import Target, wait_for
+from received import increments_received, row_writes
 from shardkit._combine import Combiner
 from shardkit.counters.buffered import Sides
 from shardkit.errors import BackendError, CounterOverflow
@@ -195,23 +196,33 @@ def _gate_store(kit: shardkit.Kit, monkeypatch: pytest.MonkeyPatch) -> Gate:
     return gate
 
 
+def _shard_writes(kit: shardkit.Kit, name: str) -> Any:
+    """The upserts of ``name``'s shard rows that the database runs in the block."""
+    store: Any = kit.store
+    return row_writes(store.engine, store.shards_table.name, name)
+
+
 def test_concurrent_sharded_writes_share_one_statement(
     kit: shardkit.Kit, name: str, threads: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    votes = kit.sharded(name, shards=4)
+    votes = kit.sharded(name, shards=1)
+    votes.incr(0)  # its shard row exists
     gate = _gate_store(kit, monkeypatch)
-    first = threads(lambda: votes.incr(5))
-    gate.entered.acquire()
-    rest = [
-        threads(lambda: votes.incr(1)),
-        threads(lambda: votes.incr(2, key="k1")),
-        threads(lambda: votes.incr(3, key="k1")),  # a repeat within the batch
-        threads(lambda: votes.decr(4)),
-    ]
-    wait_for(lambda: _queued(votes) == 4, "4 queued")
-    gate.open()
-    for outcome in (first, *rest):
-        wait_for(lambda o=outcome: bool(o), "every caller to return")
+    with _shard_writes(kit, name) as upserts:
+        first = threads(lambda: votes.incr(5))
+        gate.entered.acquire()
+        rest = [
+            threads(lambda: votes.incr(1)),
+            threads(lambda: votes.incr(2, key="k1")),
+            threads(lambda: votes.incr(3, key="k1")),  # a repeat within the batch
+            threads(lambda: votes.decr(4)),
+        ]
+        wait_for(lambda: _queued(votes) == 4, "4 queued")
+        gate.open()
+        for outcome in (first, *rest):
+            wait_for(lambda o=outcome: bool(o), "every caller to return")
+        # Written one by one, the four applied writes would be four upserts.
+        assert upserts() == 2
     assert [len(batch) for batch in gate.batches] == [1, 4]
     results = [outcome["result"] for outcome in rest]
     assert sorted(results) == [False, True, True, True]  # one of the two k1 writes applied
@@ -247,40 +258,46 @@ def test_deltas_that_could_sum_past_64_bits_are_written_one_by_one(
     votes = kit.sharded(name, shards=1)
     votes.incr(-(2**62))
     gate = _gate_store(kit, monkeypatch)
-    first = threads(lambda: votes.incr(1))
-    gate.entered.acquire()
-    rest = [threads(lambda: votes.incr(2**62)) for _ in range(2)]  # 2**63 together
-    wait_for(lambda: _queued(votes) == 2, "queued")
-    gate.open()
-    for outcome in (first, *rest):
-        wait_for(lambda o=outcome: bool(o), "every caller to return")
+    with _shard_writes(kit, name) as upserts:
+        first = threads(lambda: votes.incr(1))
+        gate.entered.acquire()
+        rest = [threads(lambda: votes.incr(2**62)) for _ in range(2)]  # 2**63 together
+        wait_for(lambda: _queued(votes) == 2, "queued")
+        gate.open()
+        for outcome in (first, *rest):
+            wait_for(lambda o=outcome: bool(o), "every caller to return")
+        assert upserts() == 3
     assert all(outcome == {"result": True} for outcome in (first, *rest))
     assert [len(batch) for batch in gate.batches] == [1, 1, 1]
     assert votes.value(fresh=True) == 2**62 + 1
 
 
 def test_concurrent_buffered_increments_share_one_cache_command(
-    kit: shardkit.Kit, name: str, threads: Any, monkeypatch: pytest.MonkeyPatch
+    store_url: str, own_cache_url: str, name: str, threads: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    likes = kit.buffered(name, interval=60)
-    likes.incr()  # its generation exists: every bump below is one command
-    cache: Any = kit.cache
-    real = cache.bump
-    gate = Gate()
+    with Target(store_url, own_cache_url).connect() as kit:
+        likes = kit.buffered(name, interval=60)
+        likes.incr()  # its generation exists: every bump below is one command
+        cache: Any = kit.cache
+        real = cache.bump
+        gate = Gate()
 
-    def bump(key: str, delta: int) -> int:
-        gate([delta])
-        return int(real(key, delta))
+        def bump(key: str, delta: int) -> int:
+            gate([delta])
+            return int(real(key, delta))
 
-    monkeypatch.setattr(cache, "bump", bump)
-    first = threads(lambda: likes.incr(2))
-    gate.entered.acquire()
-    rest = [threads(lambda d=d: likes.incr(d)) for d in (3, 4, 5)]
-    wait_for(lambda: _sides(likes)[0].waiting == 3, "three increments queued")
-    gate.open()
-    for outcome in (first, *rest):
-        wait_for(lambda o=outcome: bool(o), "every caller to return")
-    assert gate.batches == [[2], [12]]
-    assert likes.value() == 1 + 2 + 12
-    likes.flush()
-    assert likes.parts().stored == 15
+        monkeypatch.setattr(cache, "bump", bump)
+        received = increments_received(own_cache_url)
+        before = received()
+        first = threads(lambda: likes.incr(2))
+        gate.entered.acquire()
+        rest = [threads(lambda d=d: likes.incr(d)) for d in (3, 4, 5)]
+        wait_for(lambda: _sides(likes)[0].waiting == 3, "three increments queued")
+        gate.open()
+        for outcome in (first, *rest):
+            wait_for(lambda o=outcome: bool(o), "every caller to return")
+        assert received() - before == 2  # one by one, four
+        assert gate.batches == [[2], [12]]
+        assert likes.value() == 1 + 2 + 12
+        likes.flush()
+        assert likes.parts().stored == 15

@@ -8,8 +8,8 @@ What each test proves:
   (with idempotency keys, retried until it answers, so the total is exact).
 * Calls during an outage raise ``BackendUnavailable`` (the server could not be reached,
   or was lost mid-call), never a driver's own exception.
-* The same kit writes again, without anything done by its user, within 5 s of the server
-  answering (measured from the first answer to each writer's first success).
+* The same kit writes again, without anything done by its user, once the server answers:
+  of the calls each writer begins after the server's first answer, at most one fails.
 * A cache restart loses only what a buffered counter had pending, ids never repeat, and
   an outage is logged in a handful of lines that count the failures.
 
@@ -48,7 +48,17 @@ from shardkit.errors import BackendUnavailable
 
 pytestmark = pytest.mark.slow
 
-RECOVERY = 5.0  # seconds from a server's first answer to each writer's first success
+# Calls a writer may see fail after the server answers again (one on a connection that
+# the outage left in a pool): a client that backs off, or keeps dead connections, fails
+# call after call instead.
+FAILED_AFTER_ANSWER = 1
+
+
+def check_recovered(writers: Writers, answered_at: float) -> None:
+    """Every writer wrote again once the server answered, after at most
+    ``FAILED_AFTER_ANSWER`` failed calls begun since."""
+    failed = writers.failed_after(answered_at)
+    assert max(failed) <= FAILED_AFTER_ANSWER, f"calls failed after the answer: {failed}"
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +136,7 @@ def test_postgres_restart_under_load_keeps_every_acknowledged_increment(
             answered_at = postgres.start()
             writers.wait_acked(20)
         writers.check_errors()
-        recovery = writers.recovery(answered_at)
-        assert max(recovery) < RECOVERY, f"writers wrote again after {recovery} s"
+        check_recovered(writers, answered_at)
 
         stored = counter.value(fresh=True)
         acked = sum(writers.acked)
@@ -179,7 +188,7 @@ def test_postgres_restart_under_load_loses_no_buffered_increment_and_repeats_no_
     allocator (blocks of 50) while PostgreSQL dies and comes back. Buffered increments go
     to the cache and never fail; the flushes that fail leave their sums there for the
     next ones, so the stored value ends exact. Id writers fail while they need a new
-    block, and write again within 5 s of the server answering; no id repeats."""
+    block, and write again once the server answers; no id repeats."""
     kit = shardkit.connect(postgres.url, redis.url, prefix=PREFIX)
     try:
         tag = uuid.uuid4().hex
@@ -202,8 +211,7 @@ def test_postgres_restart_under_load_loses_no_buffered_increment_and_repeats_no_
             writers.wait_acked(20)
         writers.check_errors()
         assert not any(writers.errors[: WRITERS // 2]), "a buffered increment failed"
-        recovery = writers.recovery(answered_at)
-        assert max(recovery) < RECOVERY, f"writers wrote again after {recovery} s"
+        check_recovered(writers, answered_at)
 
         kit.flush_all()
         assert buffered.parts() == (sum(writers.acked[: WRITERS // 2]), 0)
@@ -357,7 +365,7 @@ def test_a_cache_restart_under_load_loses_only_what_was_pending(
       after that read.
     * Ids: no id is handed out twice (a new block is reserved above every id handed out),
       and each writer's ids keep increasing.
-    * The same kit writes every kind again within 5 s of the cache answering.
+    * The same kit writes every kind again once the cache answers.
     """
     kit = shardkit.connect(postgres.url, cache.url, prefix=PREFIX)
     try:
@@ -373,8 +381,7 @@ def test_a_cache_restart_under_load_loses_only_what_was_pending(
             answered_at = cache.start()
             writers.wait_acked(60)
         writers.check_errors()
-        recovery = writers.recovery(answered_at)
-        assert max(recovery) < RECOVERY, f"writers wrote again after {recovery} s"
+        check_recovered(writers, answered_at)
 
         assert not counters.raised["sharded"]
         assert counters.sharded.value(fresh=True) == len(counters.acked["sharded"])

@@ -491,18 +491,23 @@ class Writers:
         self.acked = [0] * count
         self.ok_at: list[list[float]] = [[] for _ in range(count)]
         self.errors: list[list[BaseException]] = [[] for _ in range(count)]
+        # Each call's start (time.monotonic()) and whether it returned.
+        self.calls: list[list[tuple[float, bool]]] = [[] for _ in range(count)]
         self.threads = [threading.Thread(target=self._run, args=(s,)) for s in range(count)]
 
     def _run(self, slot: int) -> None:
         while not self.done.is_set():
+            began = time.monotonic()
             try:
                 self.write(slot)
             except Exception as exc:  # recorded: the test checks what was raised
                 self.errors[slot].append(exc)
+                self.calls[slot].append((began, False))
                 time.sleep(self.pause)
             else:
                 self.acked[slot] += 1
                 self.ok_at[slot].append(time.monotonic())
+                self.calls[slot].append((began, True))
 
     def __enter__(self) -> Writers:
         for thread in self.threads:
@@ -550,9 +555,14 @@ class Writers:
         wrong = [exc for exc in raised if not isinstance(exc, BackendUnavailable)]
         assert not wrong, f"{len(wrong)} calls raised something else, e.g. {wrong[0]!r}"
 
-    def recovery(self, answered_at: float) -> list[float]:
-        """Seconds from ``answered_at`` to each writer's first success after it."""
-        return [next(t for t in times if t >= answered_at) - answered_at for times in self.ok_at]
+    def failed_after(self, answered_at: float) -> list[int]:
+        """For each writer, its calls begun at or after ``answered_at`` that raised before
+        one returned."""
+        counts = []
+        for calls in self.calls:
+            after = [ok for began, ok in calls if began >= answered_at]
+            counts.append(after.index(True) if True in after else len(after))
+        return counts
 
 
 class Cutter:

@@ -1,13 +1,19 @@
 """Hostile input, generated: every public call of every counter kind, the mapper's options
 and ``connect()`` URLs either do what they document or raise a ``ShardkitError`` (a
 ``TypeError`` only for an argument of the wrong type), a refused call changes nothing,
-and no password of a URL shows in an error, a log line or a repr (issue 14, point 1)."""
+and no password of a URL shows in an error, a log line or a repr.
+
+The oracle works both ways: the documented contract, written out here on its own
+(``valid_*``), says which inputs are valid, and a valid input must be accepted and
+counted (refused only for what the contract allows: a value past signed 64-bit)."""
 
 from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
+import unicodedata
 import uuid
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -23,7 +29,7 @@ from hypothesis import strategies as st
 import shardkit
 from backends import PREFIX, numbered_table
 from shardkit.counters.buffered import MAX_DELTA
-from shardkit.errors import BackendError, ShardkitError
+from shardkit.errors import BackendError, CounterOverflow, ShardkitError
 
 _T = TypeVar("_T")
 
@@ -68,26 +74,82 @@ def _wrong_type(value: object, *types: type) -> bool:
     return isinstance(value, bool) or not isinstance(value, types)
 
 
-def attempt(call: Callable[[], _T], *, wrong_type: bool = False) -> tuple[bool, _T | None]:
+# -- the documented contract, written out ---------------------------------------------------
+
+MAX_SHARDS = 1000  # connect()'s default max_shards
+INT64 = range(-(2**63), 2**63)
+
+
+def _int_in(value: object, low: int, high: int) -> bool:
+    return type(value) is int and low <= value <= high
+
+
+def _seconds_in(value: object, low: float, high: float, *, zero: bool = False) -> bool:
+    """A number of seconds (an int or a float, not a bool) in ``low`` … ``high``, above 0
+    unless ``zero``."""
+    if type(value) not in (int, float):
+        return False
+    number = float(value)  # type: ignore[arg-type]
+    return low <= number <= high and (number > 0 or zero)
+
+
+def valid_name(name: object) -> bool:
+    """A counter name or idempotency key: a str of 1 … 200 characters, none of them a
+    control character or a surrogate."""
+    return (
+        isinstance(name, str)
+        and 1 <= len(name) <= 200
+        and all(unicodedata.category(c) not in ("Cc", "Cs") for c in name)
+    )
+
+
+def valid_delta(delta: object) -> bool:
+    return type(delta) is int and delta in INT64
+
+
+def valid_shards(shards: object) -> bool:
+    return shards is None or _int_in(shards, 1, MAX_SHARDS)
+
+
+def valid_interval(interval: object) -> bool:
+    return _seconds_in(interval, 0.001, 30 * 24 * 3600)
+
+
+def valid_chance(chance: object) -> bool:
+    return type(chance) in (int, float) and 0 <= chance <= 1  # type: ignore[operator]
+
+
+def valid_job(job: object) -> bool:
+    return job is None or (isinstance(job, str) and bool(re.fullmatch(r"[\w.:-]{1,64}", job, re.A)))
+
+
+def attempt(
+    call: Callable[[], _T], *, wrong_type: bool = False, valid: bool = False
+) -> tuple[bool, _T | None]:
     """Run ``call``: (True, its result), or (False, None) when it raised a ShardkitError
     other than a BackendError (the services are up: no input may break them), or a
-    TypeError, allowed only when ``wrong_type``. Anything else fails the test."""
+    TypeError, allowed only when ``wrong_type``. A ``valid`` call may only be refused
+    with ``CounterOverflow``. Anything else fails the test."""
     try:
         return True, call()
     except BackendError:
         raise
-    except ShardkitError:
+    except CounterOverflow:
+        return False, None
+    except ShardkitError as exc:
+        if valid:
+            pytest.fail(f"a call valid by the documented contract was refused: {exc!r}")
         return False, None
     except TypeError:
-        if not wrong_type:
+        if not wrong_type or valid:
             raise
         return False, None
 
 
-def _open(open_: Callable[[], _T], name: object, wrong_type: bool) -> _T | None:
-    """The counter ``open_()`` opens, or None when it refused (a bad name or option, or
-    a name used by another kind)."""
-    opened, counter = attempt(open_, wrong_type=wrong_type)
+def _open(open_: Callable[[], _T], name: object, wrong_type: bool, valid: bool) -> _T | None:
+    """The counter ``open_()`` opens, or None when it refused (a bad name or option);
+    ``valid`` options must open it (each test opens one kind only)."""
+    opened, counter = attempt(open_, wrong_type=wrong_type, valid=valid)
     if opened:
         assert isinstance(name, str)
         assert name
@@ -114,23 +176,30 @@ def test_sharded_counters(
         lambda: big.sharded(name, shards),
         name,
         _wrong_type(name, str) or (shards is not None and _wrong_type(shards, int)),
+        valid_name(name) and valid_shards(shards),
     )
     if counter is None:
         return
     for op, delta in ops:
         before = counter.value(fresh=True)
+        valid = valid_delta(delta) and (key is None or valid_name(key))
         done, applied = attempt(
             partial(getattr(counter, op), delta, key=key),
             wrong_type=_wrong_type(delta, int) or not isinstance(key, str | None),
+            valid=valid and (op == "incr" or delta != -(2**63)),  # -delta must fit too
         )
         after = counter.value(fresh=True)
+        if done and key is None:
+            assert applied, (op, delta)  # only a key applied before makes a call count nothing
         if not done or not applied:
             assert after == before, (op, delta, key)
         else:
             assert after == before + (delta if op == "incr" else -delta), (op, delta)
             assert after == counter.value()  # the cached value followed
     before_shards = counter.shards
-    done, _ = attempt(partial(counter.grow, grow), wrong_type=_wrong_type(grow, int))
+    done, _ = attempt(
+        partial(counter.grow, grow), wrong_type=_wrong_type(grow, int), valid=valid_shards(grow)
+    )
     assert counter.shards == (max(before_shards, grow) if done else before_shards)
 
 
@@ -139,12 +208,21 @@ def test_sharded_counters(
 def test_buffered_counters(
     big: shardkit.Kit, name: Any, interval: Any, ops: list[tuple[str, Any]], flush: Any
 ) -> None:
-    counter = _open(lambda: big.buffered(name, interval), name, _wrong_type(name, str))
+    counter = _open(
+        lambda: big.buffered(name, interval),
+        name,
+        _wrong_type(name, str),
+        valid_name(name) and valid_interval(interval),
+    )
     if counter is None:
         return
     for op, delta in ops:
         before = counter.value()
-        done, _ = attempt(partial(getattr(counter, op), delta), wrong_type=_wrong_type(delta, int))
+        done, _ = attempt(
+            partial(getattr(counter, op), delta),
+            wrong_type=_wrong_type(delta, int),
+            valid=type(delta) is int and abs(delta) <= MAX_DELTA,  # its documented bound
+        )
         after = counter.value()
         if done:
             assert abs(delta) <= MAX_DELTA
@@ -175,12 +253,17 @@ def test_monotonic_counters(
         lambda: big.monotonic(name, shards, chance),
         name,
         _wrong_type(name, str) or (shards is not None and _wrong_type(shards, int)),
+        valid_name(name) and valid_shards(shards) and valid_chance(chance),
     )
     if counter is None:
         return
     for delta in deltas:
         before = counter.value()
-        done, value = attempt(partial(counter.incr, delta), wrong_type=_wrong_type(delta, int))
+        done, value = attempt(
+            partial(counter.incr, delta),
+            wrong_type=_wrong_type(delta, int),
+            valid=valid_delta(delta) and delta >= 1,  # it counts up only
+        )
         if done:
             assert value == before + delta == counter.value()
             assert delta >= 1
@@ -192,7 +275,12 @@ def test_monotonic_counters(
 @fuzz
 @given(name=NAMES, block=NUMBERS, counts=st.lists(NUMBERS, max_size=4))
 def test_id_allocators(big: shardkit.Kit, name: Any, block: Any, counts: list[Any]) -> None:
-    allocator = _open(lambda: big.ids(name, block), name, _wrong_type(name, str))
+    allocator = _open(
+        lambda: big.ids(name, block),
+        name,
+        _wrong_type(name, str),
+        valid_name(name) and _int_in(block, 1, 2**40),
+    )
     if allocator is None:
         return
     handed: list[int] = []
@@ -200,7 +288,11 @@ def test_id_allocators(big: shardkit.Kit, name: Any, block: Any, counts: list[An
         if isinstance(count, int) and count > 50:
             continue  # a valid count, only slow
         reserved = allocator.reserved()
-        done, ids = attempt(partial(allocator.take, count), wrong_type=_wrong_type(count, int))
+        done, ids = attempt(
+            partial(allocator.take, count),
+            wrong_type=_wrong_type(count, int),
+            valid=_int_in(count, 1, 1_000_000),
+        )
         if done:
             assert ids is not None
             assert len(ids) == max(count, 0)
@@ -216,7 +308,9 @@ def test_id_allocators(big: shardkit.Kit, name: Any, block: Any, counts: list[An
 def test_reading_many_counters(big: shardkit.Kit, names: list[Any], one: Any) -> None:
     wrong = any(_wrong_type(name, str) for name in names)
     for read in (big.values, big.parts):
-        done, found = attempt(partial(read, names), wrong_type=wrong)
+        done, found = attempt(
+            partial(read, names), wrong_type=wrong, valid=all(map(valid_name, names))
+        )
         if done:
             assert found is not None
             assert set(found) == set(names)
@@ -277,6 +371,10 @@ def test_mapper_options(
             tiny_table, visit, page_size=page_size, fanout=fanout, retries=retries, job=job
         ),
         wrong_type=wrong,
+        valid=_int_in(page_size, 1, 100_000)
+        and _int_in(fanout, 1, 64)
+        and _int_in(retries, 0, 1000)
+        and valid_job(job),
     )
     if not done:
         assert len(big.jobs()) == jobs
@@ -382,6 +480,10 @@ def test_kit_options(
             key_retention=key_retention,
         ),
         wrong_type=False,
+        valid=prefix == PREFIX
+        and _seconds_in(cache_ttl, 0, 30 * 24 * 3600)
+        and _seconds_in(key_retention, 0, 100 * 365 * 24 * 3600, zero=True)
+        and _int_in(max_shards, 1, 10**400),
     )
     if done:
         assert kit is not None
