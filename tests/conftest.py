@@ -149,10 +149,12 @@ def own_memcached() -> Iterator[str]:
         yield server.url
 
 
-@pytest.fixture(params=["redis", "memcached", CLUSTER])
+@pytest.fixture(params=["memory", "redis", "memcached", CLUSTER])
 def own_cache_url(request: pytest.FixtureRequest) -> str:
-    """Each shared cache on servers this worker has to itself: for tests that count the
-    commands a server received (its statistics are server-wide)."""
+    """Each cache, the shared ones on servers this worker has to itself: for tests that
+    count the commands a server received (its statistics are server-wide)."""
+    if request.param == "memory":
+        return "memory://"
     if request.param == CLUSTER:
         return cache_url_of(request, CLUSTER)
     return str(request.getfixturevalue(f"own_{request.param}"))

@@ -287,7 +287,7 @@ def test_concurrent_buffered_increments_share_one_cache_command(
             return int(real(key, delta))
 
         monkeypatch.setattr(cache, "bump", bump)
-        received = increments_received(own_cache_url)
+        received = increments_received(own_cache_url) or (lambda: len(gate.batches))
         before = received()
         first = threads(lambda: likes.incr(2))
         gate.entered.acquire()
@@ -296,7 +296,7 @@ def test_concurrent_buffered_increments_share_one_cache_command(
         gate.open()
         for outcome in (first, *rest):
             wait_for(lambda o=outcome: bool(o), "every caller to return")
-        assert received() - before == 2  # one by one, four
+        assert received() - before == 2  # one by one, four (memory://: its calls)
         assert gate.batches == [[2], [12]]
         assert likes.value() == 1 + 2 + 12
         likes.flush()

@@ -69,11 +69,14 @@ def _redis_increments(client: redis.Redis) -> int:
     return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("incrby", "incr"))
 
 
-def increments_received(url: str) -> Callable[[], int]:
+def increments_received(url: str) -> Callable[[], int] | None:
     """A function reading how many increment commands the cache server(s) at ``url``
     have run so far: ``INCR``/``INCRBY`` on Redis (summed over a cluster's primaries),
-    ``incr`` on memcached. Server-wide: the server must be the test's own."""
+    ``incr`` on memcached. Server-wide: the server must be the test's own. None for
+    ``memory://``, which has no server."""
     parts = urlsplit(url)
+    if parts.scheme == "memory":
+        return None
     if parts.scheme == "memcached":
 
         def memcached() -> int:
