@@ -1,26 +1,68 @@
-"""The ``shardkit`` command: parses, calls the public API, renders with Rich."""
+"""The ``shardkit`` command: parses, calls the public API, renders with Rich.
+
+Exit status: 0 done; 1 failed, with one line on stderr (``error: …``); 2 a usage error,
+with Click's message naming the argument or option. Names, keys, URLs, job ids and error
+messages are printed as they are, never read as markup; control and formatting
+characters show as escapes (``\\x1b``, ``\\u200f``). Output that is not a terminal is
+never wrapped or cut. ``--json`` prints a JSON object, or JSON Lines for lists, with the
+keys the reference lists. Commands that only read (``get``, ``list``, ``jobs``, …)
+create nothing: a missing store or table is an error naming the URL and the prefix.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import signal
+import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+import unicodedata
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import click
 from rich.console import Console
 from rich.table import Column, Table
+from rich.text import Text
 
 import shardkit
 from shardkit.validation import check_name
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, markup=False, emoji=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, markup=False, emoji=False, soft_wrap=True)
+
+# Characters a terminal would act on or hide, instead of showing: controls (escape
+# sequences start with one), formatting (bidirectional overrides, zero-width) and
+# surrogates, and line and paragraph separators.
+_UNSHOWN = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def shown(text: str) -> str:
+    """``text`` with each character a terminal would act on or hide written as its
+    Python escape (``\\x1b``, ``\\u202e``); everything else as it is."""
+    return "".join(
+        char.encode("unicode_escape").decode("ascii")
+        if unicodedata.category(char) in _UNSHOWN
+        else char
+        for char in text
+    )
+
+
+def _error(message: str) -> None:
+    err.print(Text.assemble(("error:", "red"), " ", shown(message)))
+
+
+def _emit(value: Any) -> None:
+    """Print ``value`` as one line of JSON (ASCII: every other character escaped)."""
+    click.echo(json.dumps(value, sort_keys=True))
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
 
 
 class Context:
@@ -42,8 +84,18 @@ class Context:
 
     @property
     def kit(self) -> shardkit.Kit:
+        """The kit, its tables created if missing (for commands that write)."""
+        return self._open(create=True)
+
+    @property
+    def reader(self) -> shardkit.Kit:
+        """The kit of a store that exists already (for commands that read, or act on
+        what is there): nothing is created; ``StoreNotFound`` if it is missing."""
+        return self._open(create=False)
+
+    def _open(self, *, create: bool) -> shardkit.Kit:
         if self._kit is None:
-            self._kit = shardkit.connect(self.store, self.cache, prefix=self.prefix)
+            self._kit = shardkit.connect(self.store, self.cache, prefix=self.prefix, create=create)
             self._opened = True
         return self._kit
 
@@ -59,7 +111,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except shardkit.ShardkitError as exc:
-            err.print(f"[red]error:[/red] {exc}", markup=True, soft_wrap=True)
+            _error(str(exc))
             sys.exit(1)
 
 
@@ -71,7 +123,12 @@ class _Group(click.Group):
 @click.pass_context
 def main(ctx: click.Context, store: str | None, cache: str | None, prefix: str) -> None:
     """Hot counters that take far more writes per second than one row can, and parallel
-    visits of huge tables."""
+    visits of huge tables.
+
+    Exit status: 0 done, 1 failed (one line on stderr), 2 usage error."""
+    for console in (out, err):
+        if not console.is_terminal:
+            console.width = 1_000_000  # piped: lines are never wrapped or cut
     context = Context(store, cache, prefix)
     ctx.obj = context
     ctx.call_on_close(context.close)
@@ -85,99 +142,171 @@ pass_context = click.make_pass_decorator(Context)
 @click.option("--by", "delta", type=int, default=1, show_default=True, help="Delta (may be < 0).")
 @click.option("--key", help="Idempotency key: a repeated call with the same key applies once.")
 @click.option("--shards", type=int, help="Shard count for a new counter (grows an existing one).")
-@click.option("--buffered", "kind", flag_value="buffered", help="Create NAME buffered if new.")
-@click.option("--monotonic", "kind", flag_value="monotonic", help="Create NAME monotonic if new.")
+@click.option("--buffered", is_flag=True, help="NAME is (or is created) buffered.")
+@click.option("--monotonic", is_flag=True, help="NAME is (or is created) monotonic.")
+@json_option
 @pass_context
 def incr(
-    context: Context, name: str, delta: int, key: str | None, shards: int | None, kind: str | None
+    context: Context,
+    name: str,
+    delta: int,
+    key: str | None,
+    shards: int | None,
+    buffered: bool,
+    monotonic: bool,
+    as_json: bool,
 ) -> None:
     """Add to counter NAME, creating it (sharded, unless --buffered or --monotonic) if
-    needed."""
+    needed. A kind flag that does not match an existing counter is refused.
+
+    --json: {"name", "kind", "delta", "applied"} and, for a monotonic counter, "value"."""
+    if buffered and monotonic:
+        raise click.UsageError("--buffered and --monotonic exclude each other")
+    asked = "buffered" if buffered else "monotonic" if monotonic else None
     kit = context.kit
-    info = kit.store.counter(name)
-    kind = info.kind if info else kind or "sharded"
+    info = kit.store.counter(check_name(name))
+    if info is not None and asked is not None and info.kind != asked:
+        raise shardkit.CounterKindMismatch(f"{name!r} is a {info.kind} counter, not {asked}")
+    kind = info.kind if info else asked or "sharded"
     if kind != "sharded" and key is not None:
         raise shardkit.ValidationError("--key is for sharded counters")
+    result: dict[str, Any] = {"name": name, "kind": kind, "delta": delta, "applied": True}
     if kind == "buffered":
         if shards is not None:
             raise shardkit.ValidationError("--shards is for sharded and monotonic counters")
         kit.buffered(name).incr(delta)
-        out.print(f"{name} {delta:+d} (pending until flushed)")
+        said = f"{name} {delta:+d} (pending until flushed)"
     elif kind == "monotonic":
-        out.print(f"{name} = {kit.monotonic(name, shards).incr(delta)}")
+        result["value"] = kit.monotonic(name, shards).incr(delta)
+        said = f"{name} = {result['value']}"
     elif kit.sharded(name, shards).incr(delta, key=key):
-        out.print(f"{name} {delta:+d}")
+        said = f"{name} {delta:+d}"
     else:
-        out.print(f"{name}: key {key!r} was applied already; nothing changed")
+        result["applied"] = False
+        said = f"{name}: key {key!r} was applied already; nothing changed"
+    if as_json:
+        _emit(result)
+    else:
+        out.print(shown(said))
+
+
+def _reading(counter: shardkit.ShardedCounter | Any, fresh: bool) -> dict[str, Any]:
+    """What ``get --json`` prints of ``counter``."""
+    found: dict[str, Any] = {"name": counter.name, "kind": counter.kind}
+    if isinstance(counter, shardkit.BufferedCounter):
+        parts = counter.parts()
+        found.update(value=parts.total, stored=parts.stored, pending=parts.pending)
+    elif isinstance(counter, shardkit.MonotonicCounter):
+        found.update(value=counter.value(), persisted=counter.persisted())
+    elif isinstance(counter, shardkit.IdAllocator):
+        found.update(reserved=counter.reserved())
+    else:
+        found.update(value=counter.value(fresh=fresh), shards=counter.shards)
+    return found
 
 
 @main.command()
 @click.argument("name")
 @click.option("--fresh", is_flag=True, help="Exact sum of the shard rows, bypassing the cache.")
+@json_option
 @pass_context
-def get(context: Context, name: str, fresh: bool) -> None:
-    """Print the value of counter NAME (a buffered one's with its stored and pending parts)."""
-    counter = context.kit.get(name)
-    if isinstance(counter, shardkit.BufferedCounter):
-        parts = counter.parts()
-        out.print(f"{parts.total} (stored {parts.stored}, pending {parts.pending})")
-    elif isinstance(counter, shardkit.MonotonicCounter):
-        out.print(f"{counter.value()} (persisted {counter.persisted()})")
-    elif isinstance(counter, shardkit.IdAllocator):
-        out.print(f"{counter.reserved()} (ids reserved up to here)")
+def get(context: Context, name: str, fresh: bool, as_json: bool) -> None:
+    """Print the value of counter NAME (a buffered one's with its stored and pending parts).
+
+    --json: {"name", "kind", "value"} with "shards" (sharded), "stored" and "pending"
+    (buffered), "persisted" (monotonic); an id allocator's is {"name", "kind",
+    "reserved"}."""
+    found = _reading(context.reader.get(name), fresh)
+    if as_json:
+        _emit(found)
+    elif found["kind"] == "buffered":
+        out.print(f"{found['value']} (stored {found['stored']}, pending {found['pending']})")
+    elif found["kind"] == "monotonic":
+        out.print(f"{found['value']} (persisted {found['persisted']})")
+    elif found["kind"] == "ids":
+        out.print(f"{found['reserved']} (ids reserved up to here)")
     else:
-        out.print(counter.value(fresh=fresh))
+        out.print(str(found["value"]))
 
 
 @main.command()
 @click.argument("name")
 @click.argument("shards", type=int)
+@json_option
 @pass_context
-def grow(context: Context, name: str, shards: int) -> None:
-    """Raise the shard count of sharded counter NAME to SHARDS (never lowers it)."""
-    counter = context.kit.get(name)
+def grow(context: Context, name: str, shards: int, as_json: bool) -> None:
+    """Raise the shard count of sharded counter NAME to SHARDS (never lowers it: a
+    smaller SHARDS keeps the count it has, and says so).
+
+    --json: {"name", "before", "shards"}."""
+    counter = context.reader.get(name)
     if not isinstance(counter, shardkit.ShardedCounter):
         raise shardkit.CounterKindMismatch(f"{name!r} is a {counter.kind} counter, not sharded")
-    out.print(f"{name}: {counter.grow(shards)} shards")
+    before = counter.shards
+    now = counter.grow(shards)
+    if as_json:
+        _emit({"name": name, "before": before, "shards": now})
+    elif now > before:
+        out.print(shown(f"{name}: {now} shards"))
+    else:
+        out.print(shown(f"{name}: kept {now} shards (a shard count never shrinks)"))
 
 
 @main.command()
 @click.argument("name")
 @click.option("--count", type=click.IntRange(1, 1_000_000), default=1, show_default=True)
 @click.option("--block", type=int, default=1000, show_default=True, help="Ids reserved at once.")
+@json_option
 @pass_context
-def ids(context: Context, name: str, count: int, block: int) -> None:
-    """Print COUNT new ids of id allocator NAME (created if new), one per line."""
-    out.print("\n".join(map(str, context.kit.ids(name, block).take(count))))
+def ids(context: Context, name: str, count: int, block: int, as_json: bool) -> None:
+    """Print COUNT new ids of id allocator NAME (created if new), one per line.
+
+    --json: {"name", "ids"}."""
+    taken = context.kit.ids(name, block).take(count)
+    if as_json:
+        _emit({"name": name, "ids": taken})
+    else:
+        click.echo("\n".join(map(str, taken)))
 
 
 @main.command()
 @click.argument("name", required=False)
 @click.option("--all", "every", is_flag=True, help="Flush every buffered counter.")
+@json_option
 @pass_context
-def flush(context: Context, name: str | None, every: bool) -> None:
-    """Move the pending increments of buffered counter NAME (or --all) into the store."""
+def flush(context: Context, name: str | None, every: bool, as_json: bool) -> None:
+    """Move the pending increments of buffered counter NAME (or --all) into the store.
+
+    --json: {"moved": {name: amount}} (with --all, the counters that moved something)."""
     if every == (name is not None):
         raise click.UsageError("give a counter NAME or --all")
-    kit = context.kit
+    kit = context.reader
     if name is not None:
         counter = kit.get(name)
         if not isinstance(counter, shardkit.BufferedCounter):
             raise shardkit.CounterKindMismatch(f"{name!r} is a {counter.kind} counter: no flush")
-        moved = {name: counter.flush()}
-    else:
-        try:
-            moved = kit.flush_all()
-        except shardkit.FlushFailed as exc:
-            _print_moved(exc.moved)
-            raise
-    _print_moved(moved)
+        amount = counter.flush()
+        if as_json:
+            _emit({"moved": {name: amount}})
+        else:
+            out.print(shown(f"{name} {amount:+d}" if amount else f"{name}: nothing pending"))
+        return
+    try:
+        moved = kit.flush_all()
+    except shardkit.FlushFailed as exc:
+        _print_moved(exc.moved, as_json)
+        raise
+    _print_moved(moved, as_json)
 
 
-def _print_moved(moved: dict[str, int]) -> None:
+def _print_moved(moved: dict[str, int], as_json: bool = False) -> None:
+    """The counters that ``flush_all`` moved something of, and how much."""
     flushed = {name: amount for name, amount in moved.items() if amount}
+    if as_json:
+        _emit({"moved": flushed})
+        return
     for name, amount in sorted(flushed.items()):
-        out.print(f"{name} {amount:+d}")
+        out.print(shown(f"{name} {amount:+d}"))
     out.print(f"flushed {len(flushed)} counter{'s' if len(flushed) != 1 else ''}")
 
 
@@ -231,31 +360,56 @@ def _flush_rounds(kit: shardkit.Kit, interval: float, once: bool) -> None:
                     _print_moved(exc.moved)
                     raise
                 moved = exc.moved  # the failed ones are retried on the next round
-                err.print(f"[red]error:[/red] {exc}", markup=True, soft_wrap=True)
+                _error(str(exc))
             if once:
                 _print_moved(moved)
                 return
             for name, amount in sorted(moved.items()):
                 if amount:
-                    out.print(f"{time.strftime('%H:%M:%S')} {name} {amount:+d}")
+                    out.print(shown(f"{time.strftime('%H:%M:%S')} {name} {amount:+d}"))
             time.sleep(max(0.0, interval - (time.monotonic() - started)))
     except KeyboardInterrupt:
         out.print("stopped")
 
 
 @main.command("list")
+@json_option
 @pass_context
-def list_counters(context: Context) -> None:
-    """List every counter with its kind, shard count and exact value."""
-    kit = context.kit
+def list_counters(context: Context, as_json: bool) -> None:
+    """List every counter with its kind, shard count and exact value.
+
+    --json: a line {"name", "kind", "shards", "value"} per counter."""
+    kit = context.reader
     counters = kit.counters()
     values = kit.values([c.name for c in counters if c.kind != "monotonic"], fresh=True)
-    table = Table("name", "kind", "shards", "value", title=f"counters in {kit.store.url}")
-    for info in counters:
-        value = values.get(info.name)
-        if value is None:  # a monotonic counter: its value lives in the cache
-            value = kit.monotonic(info.name).value()
-        table.add_row(info.name, info.kind, str(info.shards), str(value))
+    rows: list[dict[str, Any]] = [
+        {
+            "name": info.name,
+            "kind": info.kind,
+            "shards": info.shards,
+            # A monotonic counter's value lives in the cache.
+            "value": (
+                kit.monotonic(info.name).value() if info.kind == "monotonic" else values[info.name]
+            ),
+        }
+        for info in counters
+    ]
+    if as_json:
+        for row in rows:
+            _emit(row)
+        return
+    if not rows:
+        out.print(shown(f"no counters in {kit.store.url}"))
+        return
+    out.print(shown(f"counters in {kit.store.url}"))
+    table = Table(
+        Column("name", overflow="fold", ratio=1),
+        "kind",
+        Column("shards", justify="right", no_wrap=True),
+        Column("value", justify="right", no_wrap=True),
+    )
+    for row in rows:
+        table.add_row(shown(row["name"]), row["kind"], str(row["shards"]), str(row["value"]))
     out.print(table)
 
 
@@ -263,70 +417,140 @@ def list_counters(context: Context) -> None:
 @pass_context
 def purge_keys(context: Context) -> None:
     """Delete idempotency keys older than the retention period."""
-    out.print(f"purged {context.kit.purge_keys()} idempotency keys")
+    out.print(f"purged {context.reader.purge_keys()} idempotency keys")
+
+
+SHORT_ID = 8  # the fewest characters of a job id shown in the list
+
+
+def _short_ids(ids: Iterable[str]) -> dict[str, str]:
+    """Each id's shortest prefix of at least ``SHORT_ID`` characters that starts no other
+    id (git's short hashes): accepted wherever a job ID is."""
+    every = list(ids)
+    short = {}
+    for job_id in every:
+        length = SHORT_ID
+        while length < len(job_id) and any(
+            other != job_id and other.startswith(job_id[:length]) for other in every
+        ):
+            length += 1
+        short[job_id] = job_id[:length]
+    return short
+
+
+def _job(kit: shardkit.Kit, given: str) -> shardkit.Job:
+    """The job whose id is ``given``, or starts with it and no other's does."""
+    ids = [status.id for status in kit.jobs()]
+    if given in ids:
+        return kit.job(given)
+    matches = [job_id for job_id in ids if job_id.startswith(given)]
+    if len(matches) == 1:
+        return kit.job(matches[0])
+    if not matches:
+        raise shardkit.JobNotFound(f"no job {given!r} (nor one whose id starts so)")
+    listed = ", ".join(repr(job_id) for job_id in matches[:3])
+    raise shardkit.ValidationError(
+        f"{given!r} starts {len(matches)} job ids ({listed}{', …' if len(matches) > 3 else ''})"
+        "; give more of it"
+    )
+
+
+def _job_json(status: shardkit.JobStatus) -> dict[str, Any]:
+    return dataclasses.asdict(status)
 
 
 @main.group(invoke_without_command=True)
 @click.option("--limit", type=click.IntRange(1), default=20, show_default=True)
+@json_option
 @click.pass_context
-def jobs(ctx: click.Context, limit: int) -> None:
-    """List mapping jobs (newest first), or act on one: status, watch, cancel, resume."""
+def jobs(ctx: click.Context, limit: int, as_json: bool) -> None:
+    """List mapping jobs (newest first), or act on one: status, watch, cancel, resume.
+    A job ID may be given by its start, as the list shows it.
+
+    --json: a line per job: {"id", "state", "rows", "estimate", "pending", "done",
+    "depth", "pages", "failures", "created_at", "finished_at", "error"} (times in
+    seconds since the epoch)."""
     if ctx.invoked_subcommand is not None:
         return
-    statuses = ctx.ensure_object(Context).kit.jobs()[:limit]
-    table = Table("state", "rows", "estimate", "pending", "done", "depth", "started")
-    table.columns.insert(0, Column("id", no_wrap=True))
+    kit = ctx.ensure_object(Context).reader
+    every = kit.jobs()
+    statuses = every[:limit]
+    if as_json:
+        for status in statuses:
+            _emit(_job_json(status))
+        return
+    if not statuses:
+        out.print("no jobs")
+        return
+    short = _short_ids(status.id for status in every)
+    table = Table(
+        Column("id", overflow="fold"),
+        "state",
+        Column("rows", justify="right", no_wrap=True),
+        Column("of about", justify="right", no_wrap=True),
+        Column("ranges left", justify="right", no_wrap=True),
+        Column("started", no_wrap=True),
+    )
     for status in statuses:
         table.add_row(
-            status.id,
+            shown(short[status.id]),
             _state(status.state),
             f"{status.rows:,}",
             "?" if status.estimate is None else f"{status.estimate:,}",
-            str(status.pending),
-            str(status.done),
-            str(status.depth),
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(status.created_at)),
+            f"{status.pending:,}",
+            time.strftime("%m-%d %H:%M", time.localtime(status.created_at)),
         )
-    out.print(table if statuses else "no jobs")
+    out.print(table)
 
 
-def _state(state: str) -> str:
+def _state(state: str) -> Text:
     colour = {"complete": "green", "running": "cyan", "failed": "red"}.get(state, "yellow")
-    return f"[{colour}]{state}[/]"
+    return Text(state, style=colour)
 
 
 @jobs.command("status")
 @click.argument("job_id", metavar="ID")
+@json_option
 @pass_context
-def job_status(context: Context, job_id: str) -> None:
-    """Show job ID's progress from its ledger."""
-    status = context.kit.job(job_id).status()
+def job_status(context: Context, job_id: str, as_json: bool) -> None:
+    """Show job ID's progress from its ledger.
+
+    --json: the object a line of ``jobs --json`` is."""
+    status = _job(context.reader, job_id).status()
+    if as_json:
+        _emit(_job_json(status))
+        return
     elapsed = (status.finished_at or time.time()) - status.created_at
     lines = [
-        f"job      {status.id}",
-        f"state    {_state(status.state)}",
+        f"job      {shown(status.id)}",
+        f"state    {status.state}",
         f"rows     {status.rows:,}"
         + ("" if status.estimate is None else f" of about {status.estimate:,}"),
-        f"ranges   {status.pending} pending, {status.done} done, depth {status.depth}",
+        f"ranges   {status.pending:,} pending, {status.done:,} done, depth {status.depth}",
         f"pages    {status.pages:,}",
         f"elapsed  {elapsed:,.1f} s",
     ]
     if status.error:
-        lines.append(f"error    {status.error}")
+        lines.append(f"error    {shown(status.error)}")
     out.print("\n".join(lines))
+
+
+def _followed(job: shardkit.Job) -> None:
+    """Follow ``job`` with a progress bar until it finishes; exit 1 unless complete."""
+    from shardkit.mapper.progress import watch
+
+    status = watch(job, out)
+    out.print(Text.assemble(shown(job.id), ": ", _state(status.state), f", {status.rows:,} rows"))
+    if status.state != "complete":
+        sys.exit(1)
 
 
 @jobs.command("watch")
 @click.argument("job_id", metavar="ID")
 @pass_context
 def job_watch(context: Context, job_id: str) -> None:
-    """Follow job ID with a progress bar until it finishes."""
-    from shardkit.mapper.progress import watch
-
-    status = watch(context.kit.job(job_id), out)
-    out.print(f"{job_id}: {_state(status.state)}, {status.rows:,} rows")
-    if status.state != "complete":
-        sys.exit(1)
+    """Follow job ID with a progress bar until it finishes (exit 1 unless complete)."""
+    _followed(_job(context.reader, job_id))
 
 
 @jobs.command("cancel")
@@ -334,10 +558,11 @@ def job_watch(context: Context, job_id: str) -> None:
 @pass_context
 def job_cancel(context: Context, job_id: str) -> None:
     """Cancel job ID: its pending ranges are no longer picked up."""
-    if context.kit.job(job_id).cancel():
-        out.print(f"{job_id}: cancelled")
+    job = _job(context.reader, job_id)
+    if job.cancel():
+        out.print(shown(f"{job.id}: cancelled"))
     else:
-        out.print(f"{job_id}: already {context.kit.job(job_id).status().state}")
+        out.print(shown(f"{job.id}: already {job.status().state}"))
 
 
 @jobs.command("purge")
@@ -351,7 +576,7 @@ def job_cancel(context: Context, job_id: str) -> None:
 @pass_context
 def job_purge(context: Context, age: float) -> None:
     """Delete jobs complete or cancelled more than AGE seconds ago (failed ones stay)."""
-    out.print(f"purged {context.kit.purge_jobs(age)} finished jobs")
+    out.print(f"purged {context.reader.purge_jobs(age)} finished jobs")
 
 
 @jobs.command("resume")
@@ -359,16 +584,22 @@ def job_purge(context: Context, age: float) -> None:
 @pass_context
 def job_resume(context: Context, job_id: str) -> None:
     """Run job ID's pending ranges again, here (on a local executor) or on the kit's
-    workers, and follow it. Its functions must be importable (or signed, with
-    $SHARDKIT_SECRET)."""
-    from shardkit.mapper.progress import watch
+    workers, and follow it (exit 1 unless it completes). Its functions must be
+    importable (or signed, with $SHARDKIT_SECRET)."""
+    job = _job(context.reader, job_id)
+    out.print(shown(f"{job.id}: {job.resume()} ranges submitted"))
+    _followed(job)
 
-    job = context.kit.job(job_id)
-    out.print(f"{job_id}: {job.resume()} ranges submitted")
-    status = watch(job, out)
-    out.print(f"{job_id}: {_state(status.state)}, {status.rows:,} rows")
-    if status.state != "complete":
-        sys.exit(1)
+
+def _listening(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host``:``port``, or ``ConfigurationError`` saying why not
+    (before anything says it serves)."""
+    try:
+        return socket.create_server((host, port), reuse_port=False)
+    except OSError as exc:
+        raise shardkit.ConfigurationError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from exc
 
 
 _COUNTER_HELP = "A counter whose value to export as shardkit_counter_value (repeatable)."
@@ -388,8 +619,14 @@ def metrics(context: Context, port: int, host: str, counters: tuple[str, ...]) -
 
     for name in counters:
         check_name(name)
-    server = serve(context.kit, port, host, counters)
-    out.print(f"serving metrics on http://{host}:{server.port}/metrics")
+    kit = context.reader
+    try:
+        server = serve(kit, port, host, counters)
+    except OSError as exc:
+        raise shardkit.ConfigurationError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from exc
+    out.print(shown(f"serving metrics on http://{host}:{server.port}/metrics"))
     with _stopped_by_sigterm():
         try:
             threading.Event().wait()
@@ -437,9 +674,11 @@ def dashboard(
 
     for name in counters:
         check_name(name)
-    served = app(context.kit, token=token, refresh=refresh, counters=counters)
-    out.print(f"dashboard on http://{host}:{port}/ ({'read-write' if token else 'read-only'})")
-    uvicorn.run(served, host=host, port=port, log_level="warning")
+    served = app(context.reader, token=token, refresh=refresh, counters=counters)
+    listening = _listening(host, port)
+    mode = "read-write" if token else "read-only"
+    out.print(shown(f"dashboard on http://{host}:{port}/ ({mode})"))
+    uvicorn.Server(uvicorn.Config(served, log_level="warning")).run(sockets=[listening])
 
 
 @main.command()
@@ -455,5 +694,5 @@ def demo(context: Context, writers: int, seconds: float) -> None:
     from shardkit.demo import run_demo
 
     if not run_demo(context.store, context.cache, writers=writers, seconds=seconds, console=out):
-        err.print("[red]error:[/red] a final total was not exact", markup=True)
+        _error("a final total was not exact")
         sys.exit(1)

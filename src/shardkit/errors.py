@@ -41,6 +41,11 @@ class CounterNotFound(ShardkitError, LookupError):
     """A counter was looked up by name and does not exist."""
 
 
+class StoreNotFound(ShardkitError, LookupError):
+    """A store opened to read only (``connect(create=False)``) that holds no tables of
+    its prefix, or a SQLite file that does not exist: nothing was created."""
+
+
 class CounterKindMismatch(ShardkitError):
     """A name is already used by a counter of another kind."""
 

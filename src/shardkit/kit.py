@@ -35,7 +35,13 @@ from shardkit.counters.buffered import (
 from shardkit.counters.ids import IdCore
 from shardkit.counters.monotonic import MonotonicCore
 from shardkit.counters.sharded import ShardedCore
-from shardkit.errors import ConfigurationError, CounterKindMismatch, CounterNotFound, ShardkitError
+from shardkit.errors import (
+    ConfigurationError,
+    CounterKindMismatch,
+    CounterNotFound,
+    ShardkitError,
+    StoreNotFound,
+)
 from shardkit.executor import Executor, LocalExecutor, Marks
 from shardkit.mapper import Batch, Completion, Job, JobStatus, Mapper, MapSpec, Signer
 from shardkit.mapper.runner import TASK
@@ -537,13 +543,16 @@ def connect(
     adjust_delay: float = ADJUST_DELAY,
     executor: Executor | None = None,
     secret: str | bytes | None = None,
+    create: bool = True,
 ) -> Kit:
     """Open a kit.
 
     ``store`` is a URL (default ``$SHARDKIT_STORE`` or ``sqlite:///shardkit.db``), a
     SQLAlchemy ``Engine`` or a ``Store``; ``cache`` a URL (default ``$SHARDKIT_CACHE`` or
     ``memory://``), a live redis-py / pymemcache client or a ``Cache``. Tables are
-    created if missing (named with ``prefix``). Both backends are reached before this
+    created if missing (named with ``prefix``); with ``create=False`` nothing is (to
+    read what is there): a store without them, or a SQLite file that does not exist,
+    raises ``StoreNotFound`` naming the URL and the prefix. Both backends are reached before this
     returns: an unreachable server raises ``BackendUnavailable`` naming its URL without
     the password. ``executor`` runs background work such as buffered counters' flushes:
     a ``LocalExecutor`` (threads of this process, the default) or a
@@ -561,11 +570,17 @@ def connect(
     store = store or os.environ.get("SHARDKIT_STORE") or DEFAULT_STORE
     executor = executor or LocalExecutor()
     pool_size = max(5, executor.workers + 1) if isinstance(executor, LocalExecutor) else None
-    the_store = open_store(store, prefix=prefix, pool_size=pool_size)
+    the_store = open_store(store, prefix=prefix, pool_size=pool_size, existing=not create)
     if isinstance(store, Engine) and pool_size is not None:
         _check_pool(store, pool_size)
     try:
-        the_store.create_schema()
+        if create:
+            the_store.create_schema()
+        elif not the_store.has_schema():
+            raise StoreNotFound(
+                f"no shardkit tables with the prefix {prefix!r} in {the_store.url}; "
+                "nothing was created"
+            )
         the_cache = open_cache(cache or os.environ.get("SHARDKIT_CACHE") or DEFAULT_CACHE)
     except BaseException:
         the_store.close()

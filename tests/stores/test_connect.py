@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import uuid
 
 import pytest
 import sqlalchemy as sa
@@ -98,3 +99,21 @@ def test_a_handed_in_engine_smaller_than_the_local_workers_is_warned_of(
         engine.dispose()
         said = [r.getMessage() for r in caplog.records if r.name == "shardkit"]
         assert any("pool_size=9" in message for message in said) is warned, said
+
+
+def test_a_store_opened_to_read_creates_nothing(store_url: str, name: str) -> None:
+    """``create=False`` on a prefix without tables raises ``StoreNotFound`` naming the
+    URL and the prefix, and leaves the database without a table of that prefix; on a
+    store that exists it reads what is there."""
+    prefix = f"{PREFIX}ro{uuid.uuid4().hex[:6]}_"
+    engine = sa.create_engine(store_url)
+    try:
+        with pytest.raises(shardkit.StoreNotFound, match=f"prefix {prefix!r} in "):
+            shardkit.connect(store_url, prefix=prefix, create=False)
+        assert not [t for t in sa.inspect(engine).get_table_names() if t.startswith(prefix)]
+    finally:
+        engine.dispose()
+    with shardkit.connect(store_url, prefix=PREFIX) as kit:
+        kit.sharded(name).incr(3)
+    with shardkit.connect(store_url, prefix=PREFIX, create=False) as kit:
+        assert kit.get(name).value(fresh=True) == 3

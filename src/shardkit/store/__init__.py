@@ -9,15 +9,20 @@ from shardkit.store.base import CounterInfo, Flushed, Store
 
 
 def open_store(
-    target: str | Engine | Store, *, prefix: str = "shardkit_", pool_size: int | None = None
+    target: str | Engine | Store,
+    *,
+    prefix: str = "shardkit_",
+    pool_size: int | None = None,
+    existing: bool = False,
 ) -> Store:
     """A store for a URL (``sqlite:///…``, ``postgresql://…``, ``mysql://…``), a live
     SQLAlchemy ``Engine``, or an object that already implements ``Store``. A URL's engine
-    keeps ``pool_size`` connections open (see ``engine_from_url``)."""
+    keeps ``pool_size`` connections open (see ``engine_from_url``); with ``existing``, a
+    SQLite file that does not exist raises ``StoreNotFound`` instead of being created."""
     from shardkit.store.sql import SqlStore, engine_from_url
 
     if isinstance(target, str):
-        engine = engine_from_url(target, pool_size=pool_size)
+        engine = engine_from_url(target, pool_size=pool_size, existing=existing)
         return SqlStore(engine, prefix=prefix, owns_engine=True)
     if isinstance(target, Engine):
         return SqlStore(target, prefix=prefix)

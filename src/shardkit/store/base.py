@@ -48,6 +48,9 @@ class Store(Protocol):
     def create_schema(self) -> None:
         """Create the store's tables if missing. Idempotent, safe to race."""
 
+    def has_schema(self) -> bool:
+        """Whether every table of the store exists; looks, creates nothing."""
+
     def identity(self) -> str:
         """This store's name for itself: made once, at random, and persisted in it, so it
         is the same in every process and after restarts, and differs from every other

@@ -20,6 +20,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
 
 import sqlalchemy as sa
@@ -40,6 +41,7 @@ from shardkit.errors import (
     InvalidDelta,
     MissingDriver,
     ShardkitError,
+    StoreNotFound,
 )
 from shardkit.store.base import RETIRED, CounterInfo, Flushed
 from shardkit.validation import MAX_NAME_LENGTH, sums_fit
@@ -871,6 +873,16 @@ class SqlStore(SqlCore):
         self.engine.dispose(close=False)
 
     create_schema = blocking(SqlCore._create_schema)
+
+    def has_schema(self) -> bool:
+        """See ``Store.has_schema``."""
+        try:
+            with self.engine.connect() as conn:
+                inspector = sa.inspect(conn)
+                return all(inspector.has_table(t.name) for t in self.metadata.sorted_tables)
+        except SQLAlchemyError as exc:
+            raise self._error(exc, "looking for the schema") from exc
+
     identity = blocking(SqlCore._identity_of_store)
     open_counter = blocking(SqlCore._open_counter)
     counter = blocking(SqlCore._counter)
@@ -1020,7 +1032,7 @@ class SqlStore(SqlCore):
             self.engine.dispose()
 
 
-def engine_from_url(url: str, *, pool_size: int | None = None) -> Engine:
+def engine_from_url(url: str, *, pool_size: int | None = None, existing: bool = False) -> Engine:
     """Create an engine for a store URL, choosing our driver when the URL names none.
 
     ``pool_size`` connections are kept open (SQLAlchemy's default, 5, when None): as many
@@ -1028,9 +1040,13 @@ def engine_from_url(url: str, *, pool_size: int | None = None) -> Engine:
     connection of its own. Its connections are checked for a pooler in front of the
     server (``watch_for_poolers``).
 
-    Raises ``MissingDriver`` naming the extra to install, or ``ConfigurationError``.
+    Raises ``MissingDriver`` naming the extra to install, or ``ConfigurationError``; with
+    ``existing``, ``StoreNotFound`` for a SQLite file that does not exist (SQLite would
+    create it).
     """
-    engine: Engine = make_engine(url, sa.create_engine, _DRIVERS, pool_size=pool_size)
+    engine: Engine = make_engine(
+        url, sa.create_engine, _DRIVERS, pool_size=pool_size, existing=existing
+    )
     watch_for_poolers(engine)
     return engine
 
@@ -1041,10 +1057,12 @@ def make_engine(
     drivers: Mapping[str, tuple[str, str | None]],
     *,
     pool_size: int | None,
+    existing: bool = False,
 ) -> _T:
     """``create(url, **options)`` for a store URL, the driver chosen from ``drivers``
     (URL scheme -> SQLAlchemy's dialect+driver, and the extra that installs it) when the
-    URL names none. Raises ``MissingDriver`` or ``ConfigurationError``."""
+    URL names none. Raises ``MissingDriver`` or ``ConfigurationError``; with
+    ``existing``, ``StoreNotFound`` for a SQLite file that does not exist."""
     scheme_part, sep, rest = url.partition("://")
     if not sep:
         raise ConfigurationError(f"not a store URL: {_urls.redact(url)!r}")
@@ -1068,6 +1086,8 @@ def make_engine(
                 "an in-memory SQLite database is private to one connection; use a file, "
                 "e.g. sqlite:///shardkit.db"
             )
+        if existing:
+            _sqlite_file_exists(database)
         # Writers queue on SQLite's database lock instead of failing after 5 s.
         options["connect_args"] = {"timeout": 60}
     if pool_size is not None:
@@ -1085,6 +1105,21 @@ def make_engine(
     except (ArgumentError, ValueError, TypeError) as exc:
         detail = _urls.scrub(str(exc), parsed.password)
         raise ConfigurationError(f"bad store URL {_urls.redact(url)!r}: {detail}") from None
+
+
+def _sqlite_file_exists(database: str) -> None:
+    """Raise ``StoreNotFound`` unless the SQLite file ``database`` (a path, or a
+    ``file:`` URI) exists, with a hint where a relative path may be the mistake."""
+    path = Path(database.removeprefix("file:").split("?", 1)[0])
+    if path.is_file():
+        return
+    hint = ""
+    if not path.is_absolute():
+        hint = (
+            f" (a relative path, from {Path.cwd()}: sqlite:///{path} is relative, "
+            f"sqlite:////{path.resolve().as_posix().lstrip('/')} absolute)"
+        )
+    raise StoreNotFound(f"no SQLite database at {str(path)!r}{hint}; nothing was created")
 
 
 __all__ = [

@@ -1,0 +1,360 @@
+"""The command line as scripts and people use it: user text printed verbatim (never
+markup, never a terminal escape), JSON out, exit codes, commands that read creating
+nothing, and tables that fit an 80x24 terminal (run in tmux, the screen captured)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+
+import shardkit
+from backends import PREFIX, store_url_for, wait_for
+from shardkit.cli import main, shown
+
+Run = Callable[..., tuple[int, str, str]]
+
+# Names that pass validation and would be markup, emoji codes, bidirectional or wide text
+# to a terminal that interpreted them, and names refused with an error that shows them.
+HOSTILE = [
+    "[/b]",
+    "[bold]x[/bold]",
+    "a[/b]",
+    ":smile: [link=http://x]y[/link]",
+    "rtl\u200fmark \u202eevil",
+    "ünïcødé 日本 😀",
+    "n" * 200,
+]
+REFUSED = ["\x1b[31mred", "tab\there", "line\nbreak", "x" * 201]
+
+
+def invoke(store_url: str, prefix: str, *args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, ["--store", store_url, "--prefix", prefix, *args])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.fixture
+def run(sqlite_url: str) -> Run:
+    """The command on the session's SQLite store, its tables made beforehand."""
+    store_url_for("sqlite", sqlite_url)
+    shardkit.connect(sqlite_url, prefix=PREFIX).close()
+    return lambda *args: invoke(sqlite_url, PREFIX, *args)
+
+
+@pytest.fixture
+def own(tmp_path: Path) -> Run:
+    """The command on a SQLite store of the test's own, empty (made by the first write)."""
+    return lambda *args: invoke(f"sqlite:///{tmp_path / 'own.db'}", "own_", *args)
+
+
+def _no_escape(*texts: str) -> None:
+    for text in texts:
+        assert "\x1b" not in text
+        assert "\u202e" not in text
+        assert "Traceback" not in text
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_a_hostile_name_goes_through_every_command_verbatim(own: Run, name: str) -> None:
+    for before in (False, True):  # alone, then among other counters
+        if before:
+            assert own("incr", f"other-{uuid.uuid4().hex}")[0] == 0
+        target = f"{name[:190]}{before:d}"
+        code, out, err = own("incr", target, "--by", "3")
+        assert (code, out, err) == (0, f"{shown(target)} +3\n", "")
+        assert own("get", target) == (0, "3\n", "")
+        assert json.loads(own("get", target, "--json")[1])["name"] == target
+        code, out, err = own("list")
+        assert code == 0
+        _no_escape(out, err)
+        assert shown(target) in out  # whole, on one line: piped output is never wrapped
+        listed = [json.loads(line) for line in own("list", "--json")[1].splitlines()]
+        assert {"name": target, "kind": "sharded", "shards": 20, "value": 3} in listed
+        code, out, err = own("grow", target, "30")
+        assert (code, out) == (0, f"{shown(target)}: 30 shards\n")
+        code, out, err = own("flush", target)
+        assert code == 1
+        assert err == f"error: {shown(repr(target))} is a sharded counter: no flush\n"
+        code, out, err = own("ids", f"{target[:180]}-ids{before:d}", "--count", "2")
+        assert (code, out.split()) == (0, ["1", "2"])
+        code, out, err = own("incr", target, "--buffered")
+        assert code == 1
+        _no_escape(out, err)
+        assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_a_refused_name_is_one_escaped_line_and_writes_nothing(own: Run, name: str) -> None:
+    for command in (("incr", name), ("get", name), ("ids", name), ("grow", name, "3")):
+        code, out, err = own(*command)
+        assert (code, out) == (1, "")
+        _no_escape(err)
+        assert err.startswith("error: ")
+        assert err.count("\n") == 1
+    assert own("list", "--json") == (0, "", "")
+
+
+def test_json_objects_have_the_documented_keys(run: Run, name: str) -> None:
+    assert json.loads(run("incr", name, "--by", "4", "--json")[1]) == {
+        "name": name,
+        "kind": "sharded",
+        "delta": 4,
+        "applied": True,
+    }
+    assert json.loads(run("get", name, "--json")[1]) == {
+        "name": name,
+        "kind": "sharded",
+        "value": 4,
+        "shards": 20,
+    }
+    buffered = f"{name}:b"
+    run("incr", buffered, "--buffered", "--by", "2")
+    assert json.loads(run("get", buffered, "--json")[1]) == {
+        "name": buffered,
+        "kind": "buffered",
+        "value": 2,
+        "stored": 2,
+        "pending": 0,
+    }
+    assert json.loads(run("flush", buffered, "--json")[1]) == {"moved": {buffered: 0}}
+    monotonic = f"{name}:m"
+    assert json.loads(run("incr", monotonic, "--monotonic", "--json")[1])["value"] == 1
+    assert json.loads(run("get", monotonic, "--json")[1]).keys() == {
+        "name",
+        "kind",
+        "value",
+        "persisted",
+    }
+    taken = json.loads(run("ids", f"{name}:i", "--count", "3", "--json")[1])
+    assert taken == {"name": f"{name}:i", "ids": [1, 2, 3]}
+    assert json.loads(run("get", f"{name}:i", "--json")[1]) == {
+        "name": f"{name}:i",
+        "kind": "ids",
+        "reserved": 1000,
+    }
+    assert json.loads(run("grow", name, "25", "--json")[1]) == {
+        "name": name,
+        "before": 20,
+        "shards": 25,
+    }
+
+
+def test_piped_output_is_never_wrapped_or_cut(own: Run) -> None:
+    long = "w" * 200
+    own("incr", long, "--by", "123456789012345")
+    code, out, _ = own("list")
+    assert code == 0
+    assert long in out  # one line, whole
+    assert "123456789012345" in out
+    assert "…" not in out
+
+
+def test_commands_that_read_create_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.db"
+    for command in (
+        ("list",),
+        ("get", "x"),
+        ("jobs",),
+        ("jobs", "status", "j"),
+        ("flush", "--all"),
+    ):
+        code, out, err = invoke(f"sqlite:///{missing}", "shardkit_", *command)
+        assert (code, out) == (1, "")
+        assert f"no SQLite database at {str(missing)!r}" in err
+        assert not missing.exists()
+    relative = invoke("sqlite:///relative-x.db", "shardkit_", "list")[2]
+    assert "sqlite:///relative-x.db is relative" in relative
+    assert "sqlite:////" in relative
+    # A store that exists, asked for another prefix: no table is made.
+    existing = tmp_path / "existing.db"
+    shardkit.connect(f"sqlite:///{existing}", prefix="here_").close()
+    engine = sa.create_engine(f"sqlite:///{existing}")
+    tables = set(sa.inspect(engine).get_table_names())
+    code, out, err = invoke(f"sqlite:///{existing}", "there_", "list")
+    assert (code, out) == (1, "")
+    assert f"no shardkit tables with the prefix 'there_' in sqlite:///{existing}" in err
+    assert set(sa.inspect(engine).get_table_names()) == tables
+    engine.dispose()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("incr",),
+        ("incr", "x", "--by", "one"),
+        ("incr", "x", "--nope"),
+        ("get",),
+        ("grow", "x", "many"),
+        ("ids", "x", "--count", "0"),
+        ("flush",),
+        ("jobs", "--limit", "0"),
+        ("jobs", "status"),
+        ("metrics", "--port", "70000"),
+        ("dashboard", "--refresh", "0"),
+        ("demo", "--writers", "0"),
+        ("nosuch",),
+    ],
+)
+def test_usage_errors_exit_2_naming_what_is_wrong(run: Run, args: tuple[str, ...]) -> None:
+    code, out, err = run(*args)
+    assert (code, out) == (2, "")
+    assert "Error:" in err
+    assert "Traceback" not in err
+
+
+def test_kind_flags_say_what_they_mean(run: Run, name: str) -> None:
+    code, _, err = run("incr", name, "--buffered", "--monotonic")
+    assert code == 2
+    assert "--buffered and --monotonic exclude each other" in err
+    assert run("list", "--json")[1].count(name) == 0  # nothing made
+    run("incr", name, "--by", "5")
+    for flag, kind in (("--buffered", "buffered"), ("--monotonic", "monotonic")):
+        code, out, err = run("incr", name, flag)
+        assert (code, out) == (1, "")
+        assert err == f"error: {name!r} is a sharded counter, not {kind}\n"
+    assert run("get", name) == (0, "5\n", "")  # counted once, as sharded
+    run("grow", name, "50")
+    assert run("grow", name, "10") == (
+        0,
+        f"{name}: kept 50 shards (a shard count never shrinks)\n",
+        "",
+    )
+    code, _, err = run("flush", f"{name}:missing")
+    assert code == 1
+    assert "no counter named" in err
+
+
+def test_job_ids_are_shown_short_and_taken_by_their_start(run: Run, sqlite_url: str) -> None:
+    table = f"{PREFIX}cli_j_{uuid.uuid4().hex[:8]}"
+    engine = sa.create_engine(sqlite_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY)")
+        conn.exec_driver_sql(f"INSERT INTO {table} (id) VALUES (1), (2), (3)")
+    stem = f"nightly-{uuid.uuid4().hex[:6]}"
+    ids = [f"{stem}-credit-a", f"{stem}-credit-b"]
+    try:
+        with shardkit.connect(sqlite_url, prefix=PREFIX) as kit:
+            source = sa.Table(table, sa.MetaData(), autoload_with=engine)
+            for job_id in ids:
+                kit.map(source, lambda batch: None, job=job_id).wait(30)
+        code, out, _ = run("jobs", "--limit", "1000")
+        assert code == 0
+        for job_id in ids:  # the shortest start that is no other's
+            assert f"{job_id[:-1]}" in out
+        code, out, _ = run("jobs", "status", ids[0][:-1] + "a")
+        assert (code, out.splitlines()[0]) == (0, f"job      {ids[0]}")
+        code, _, err = run("jobs", "status", stem)
+        assert code == 1
+        assert "starts 2 job ids" in err
+        lines = [
+            json.loads(line) for line in run("jobs", "--json", "--limit", "1000")[1].splitlines()
+        ]
+        mine = [line for line in lines if line["id"] in ids]
+        assert len(mine) == 2
+        assert mine[0].keys() == {
+            "id", "state", "rows", "estimate", "pending", "done", "depth", "pages",
+            "failures", "created_at", "finished_at", "error",
+        }  # fmt: skip
+        assert {line["state"] for line in mine} == {"complete"}
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP TABLE {table}")
+        engine.dispose()
+
+
+@pytest.mark.parametrize("command", ["metrics", "dashboard"])
+def test_a_server_that_cannot_listen_fails_before_saying_it_serves(run: Run, command: str) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        code, out, err = run(command, "--port", str(port))
+    assert (code, out) == (1, "")
+    assert err.startswith(f"error: cannot listen on 127.0.0.1:{port}: ")
+    assert err.count("\n") == 1
+
+
+# -- as a person sees it: an 80x24 terminal ---------------------------------------------
+
+
+class Terminal:
+    """A tmux server of its own with one 80x24 window running a shell; ``run`` types a
+    command and returns the screen once it has ended."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.socket = f"shardkit-{uuid.uuid4().hex[:8]}"
+        size = ["-x", "80", "-y", "24"]
+        self._tmux("new-session", "-d", *size, "bash", "--norc", env=env)
+
+    def run(self, command: str) -> str:
+        """Clear the screen, run ``command`` and return the screen once it has ended."""
+        marker = f"done-{uuid.uuid4().hex[:6]}"
+        self._tmux("send-keys", "clear", "Enter")
+        self._tmux("send-keys", f"{command}; echo {marker}", "Enter")
+        wait_for(lambda: f"\n{marker}" in self.screen(), f"{command!r} to end", 60, self.screen)
+        return self.screen().split(f"\n{marker}")[0]
+
+    def screen(self) -> str:
+        return self._tmux("capture-pane", "-p")
+
+    def _tmux(self, *args: str, env: dict[str, str] | None = None) -> str:
+        done = subprocess.run(
+            ["tmux", "-L", self.socket, *args], capture_output=True, text=True, env=env
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], check=False)
+
+
+def test_tables_fit_an_80_column_terminal(tmp_path: Path) -> None:
+    if shutil.which("tmux") is None:
+        pytest.fail("tmux is not installed (.ci/run installs it)")
+    url = f"sqlite:///{tmp_path / 'screen.db'}"
+    names = ["a-very-long-counter-name:" + "x" * 60, "views:home", "日本語の名前"]
+    with shardkit.connect(url) as kit:
+        for index, name in enumerate(names):
+            kit.sharded(name).incr(10**12 + index)
+        rows = sa.Table(
+            "accounts",
+            sa.MetaData(),
+            sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+        )
+        rows.create(kit.store.engine)  # type: ignore[attr-defined]
+        with kit.store.engine.begin() as conn:  # type: ignore[attr-defined]
+            conn.execute(rows.insert(), [{"id": n} for n in range(1, 3001)])
+        job = kit.map(rows, lambda batch: None, job=f"nightly-credit-{'9' * 40}")
+        job.wait(60)
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "TMUX")},
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "TERM": "xterm-256color",
+        "LANG": "C.UTF-8",
+        "SHARDKIT_STORE": url,
+    }
+    terminal = Terminal(env)
+    try:
+        listed = terminal.run("shardkit list")
+        jobs = terminal.run("shardkit jobs")
+    finally:
+        terminal.close()
+    for screen in (listed, jobs):
+        assert "…" not in screen, screen
+        assert all(len(line) <= 80 for line in screen.splitlines())
+    assert all(header in listed for header in ("name", "kind", "shards", "value"))
+    assert all(str(10**12 + index) in listed for index in range(3))
+    for header in ("id", "state", "rows", "of about", "ranges left", "started"):
+        assert header in jobs, jobs
+    assert "nightly-" in jobs
+    assert "complete" in jobs
+    assert "3,000" in jobs
