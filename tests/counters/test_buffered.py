@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 import shardkit
-from backends import CACHE_URLS, Target, require, run_together, wait_for
+from backends import CACHE_URLS, PREFIX, Target, require, run_together, store_url_for, wait_for
 from shardkit.counters.buffered import Parts
 from shardkit.counters.buffered import _keys as buffered_keys
 from shardkit.errors import CounterKindMismatch, InvalidDelta, ValidationError
@@ -277,3 +277,36 @@ def test_concurrent_writers_and_flushes_are_exact(kit: shardkit.Kit, name: str) 
     expected = sum(66 * (index + 1) - 34 for index in range(6))
     assert hits.parts() == Parts(expected, 0)
     assert sum(moved) == expected
+
+
+def test_flushes_that_fall_behind_wait_one_per_counter_and_lose_nothing(
+    sqlite_url: str, name: str
+) -> None:
+    """The store's write lock held by another connection: every flush waits for it, and
+    the one worker with it. Thirty intervals of increments of twenty counters then
+    leave at most one flush per counter waiting (a flush a counter an interval piled
+    up before: 600), and once the lock is let go every count is moved, exact."""
+    store_url_for("sqlite", sqlite_url)
+    executor = LocalExecutor(workers=1)
+    with shardkit.connect(sqlite_url, prefix=PREFIX, executor=executor) as kit:
+        interval = 0.01
+        counters = [kit.buffered(f"{name}:{n}", interval=interval) for n in range(20)]
+        for counter in counters:
+            counter.incr()
+        kit.flush_all()
+        blocker = sa.create_engine(sqlite_url).connect()
+        blocker.exec_driver_sql("BEGIN IMMEDIATE")  # SQLite's write lock, held
+        try:
+            last = int(time.time() // interval)
+            for _ in range(30):
+                wait_for(lambda last=last: time.time() // interval > last, "the next interval")
+                last = int(time.time() // interval)
+                for counter in counters:
+                    counter.incr()
+            wait_for(lambda: executor.queued >= len(counters) - 1, "the flushes to queue up")
+            assert executor.queued <= len(counters)
+        finally:
+            blocker.rollback()
+            blocker.close()
+        kit.flush_all()
+        assert [counter.parts() for counter in counters] == [(31, 0)] * len(counters)

@@ -259,3 +259,45 @@ def test_tasks_from_outside_run_before_follow_ups(cache: Cache, namespace: str) 
         ("later", {"n": 2}),
         ("later", {"n": 1}),
     ]
+
+
+def test_a_task_due_while_one_of_its_merge_key_waits_is_taken_into_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One worker held by a task: a hundred submissions of each of two merge keys leave
+    one task of each waiting, which runs with the first one's arguments; once it has
+    started, the next submission waits again (it is news to the running one)."""
+    recorder = Recorder()
+    holding, release = threading.Event(), threading.Event()
+
+    def hold(args: Mapping[str, Any]) -> None:
+        holding.set()
+        release.wait(60)
+
+    executor = LocalExecutor(workers=1)
+    executor.bind(
+        {"hold": hold, "flush": recorder.task("flush")},
+        Marks(MemoryCache(), lambda name: f"mark:{name}"),
+    )
+    try:
+        executor.submit("hold", {})
+        assert holding.wait(60)
+        with caplog.at_level(logging.WARNING, logger="shardkit"):
+            for n in range(100):
+                for key in ("a", "b"):
+                    assert executor.submit("flush", {"key": key, "n": n}, merge=f"flush:{key}")
+        assert executor.queued == 2
+        assert len(caplog.records) == 1  # one line, not one per merged task
+        assert "fall behind" in caplog.text
+        release.set()
+        recorder.wait(2)
+        assert [args for _, args, _ in recorder.calls] == [
+            {"key": "a", "n": 0},
+            {"key": "b", "n": 0},
+        ]
+        executor.submit("flush", {"key": "a", "n": 100}, merge="flush:a")
+        recorder.wait(1)
+        assert recorder.calls[-1][1] == {"key": "a", "n": 100}
+    finally:
+        release.set()
+        executor.close()

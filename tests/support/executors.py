@@ -27,6 +27,7 @@ class HeldExecutor:
         delay: float = 0.0,
         dedupe: str | None = None,
         window: float = 60.0,
+        merge: str | None = None,
     ) -> bool:
         self.submitted.append((task, dict(args)))
         return True

@@ -51,9 +51,12 @@ class LoopExecutor:
         delay: float = 0.0,
         dedupe: str | None = None,
         window: float = 60.0,
+        merge: str | None = None,
     ) -> bool:
         """``Executor.submit``, awaited: run ``task(args)`` ``delay`` seconds from now,
-        unless ``dedupe`` was claimed within the last ``delay + window`` seconds."""
+        unless ``dedupe`` was claimed within the last ``delay + window`` seconds. Each
+        task starts when due (nothing waits for a worker), so ``merge`` has nothing to
+        take a task into."""
         return await asyncio.shield(self._submit(task, args, delay, dedupe, window))
 
     async def _submit(

@@ -71,9 +71,11 @@ class CeleryExecutor:
         delay: float = 0.0,
         dedupe: str | None = None,
         window: float = 60.0,
+        merge: str | None = None,
     ) -> bool:
-        # Due ``delay`` seconds from this call, not from when the broker is reached: a
-        # first submission connects first, which may take a good part of a second.
+        # ``merge`` is not used: the queue is the broker's. Due ``delay`` seconds from
+        # this call, not from when the broker is reached: a first submission connects
+        # first, which may take a good part of a second.
         due = datetime.now(timezone.utc) + timedelta(seconds=delay) if delay > 0 else None
         if task not in self._tasks or self._marks is None:
             raise ConfigurationError(f"no task named {task!r} is bound to {self.url}")

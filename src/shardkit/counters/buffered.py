@@ -274,6 +274,7 @@ class BufferedCore:
                 delay=delay,
                 dedupe=f"flush:{self.name}:{number}",
                 window=self.interval,
+                merge=f"flush:{self.name}",
             )
             submitted = True
         except ShardkitError as exc:

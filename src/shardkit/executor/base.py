@@ -56,12 +56,19 @@ class Executor(Protocol):
         delay: float = 0.0,
         dedupe: str | None = None,
         window: float = 60.0,
+        merge: str | None = None,
     ) -> bool:
         """Run ``task(args)`` in the background, ``delay`` seconds from now or later.
 
         With ``dedupe``, the submission is a no-op (returns False) if a submission under the
         same name was made within the last ``delay + window`` seconds by anyone sharing
         the cache. Returns True when submitted. ``args`` must be JSON-able.
+
+        With ``merge``, for a task whose one run does the work of every run queued before
+        it (a flush moves all that is pending): when this submission comes due while an
+        earlier one with the same ``merge`` is due and has not started, it is taken into
+        that one and does not run. An executor whose queue is elsewhere (a broker) may
+        run both.
         """
 
     def close(self) -> None:

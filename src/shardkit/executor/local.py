@@ -20,7 +20,7 @@ from shardkit.executor.base import Marks, Task
 
 log = logging.getLogger("shardkit")
 
-_Entry = tuple[str, Mapping[str, Any]]
+_Entry = tuple[str, Mapping[str, Any], str | None]  # task, args, merge
 
 
 class LocalExecutor:
@@ -28,10 +28,15 @@ class LocalExecutor:
     watched by one timer thread. Threads start on the first submission.
 
     Tasks submitted from outside the workers (and delayed tasks, when due) run first come,
-    first served, before any other. Tasks that a running task submits — its follow-up
-    work, such as a mapping range's children — run newest first: a tree of tasks is walked
-    depth first, so what waits is about ``fanout * depth`` tasks per worker, not a task
-    for every pending node of the tree.
+    first served, before any other. A task submitted with ``merge`` that comes due while
+    another with the same ``merge`` waits for a worker is taken into that one: when the
+    workers fall behind, each counter has at most one flush waiting, however long they
+    take (the flush lag metric shows how far behind, and one line is logged).
+
+    Tasks that a running task submits — its follow-up work, such as a mapping range's
+    children — run newest first: a tree of tasks is walked depth first, so what waits is
+    about ``fanout * depth`` tasks per worker, not a task for every pending node of the
+    tree.
 
     ``close()`` — called by ``Kit.close()`` and at interpreter exit — runs every delayed
     task at once and waits for all of them, so nothing submitted is dropped by a clean
@@ -56,10 +61,12 @@ class LocalExecutor:
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)  # workers wait here for tasks
         self._timed = threading.Condition(self._lock)  # the timer waits here
-        self._due: list[tuple[float, int, str, Mapping[str, Any]]] = []
+        self._due: list[tuple[float, int, str, Mapping[str, Any], str | None]] = []
         self._order = itertools.count()
         self._arrived: collections.deque[_Entry] = collections.deque()  # from outside: FIFO
         self._followups: list[_Entry] = []  # from the workers' tasks: a stack
+        self._merging: set[str] = set()  # the merge keys of the tasks queued
+        self._merged_once = False
         self._threads: list[threading.Thread] = []
         self._waiting = 0  # workers waiting for a task
         self._timer: threading.Thread | None = None
@@ -67,6 +74,12 @@ class LocalExecutor:
 
     def __repr__(self) -> str:
         return f"<LocalExecutor workers={self.workers}>"
+
+    @property
+    def queued(self) -> int:
+        """How many tasks are due and wait for a worker."""
+        with self._lock:
+            return len(self._arrived) + len(self._followups)
 
     @property
     def idle(self) -> int:
@@ -87,6 +100,7 @@ class LocalExecutor:
         delay: float = 0.0,
         dedupe: str | None = None,
         window: float = 60.0,
+        merge: str | None = None,
     ) -> bool:
         if task not in self._tasks:
             raise ConfigurationError(f"no task named {task!r} is bound to {self.url}")
@@ -101,16 +115,32 @@ class LocalExecutor:
             if self._closed:
                 raise ConfigurationError(f"{self.url} is closed")
             if delay <= 0:
-                self._queue(task, args, followup=threading.current_thread() in self._threads)
+                followup = threading.current_thread() in self._threads
+                self._queue((task, args, merge), followup=followup)
             else:
-                heapq.heappush(self._due, (time.monotonic() + delay, next(self._order), task, args))
+                due = (time.monotonic() + delay, next(self._order), task, args, merge)
+                heapq.heappush(self._due, due)
                 self._start_timer()
                 self._timed.notify()
         return True
 
-    def _queue(self, task: str, args: Mapping[str, Any], *, followup: bool) -> None:
-        """Queue a task for the workers, starting them if need be. Holds the lock."""
-        (self._followups if followup else self._arrived).append((task, args))
+    def _queue(self, entry: _Entry, *, followup: bool) -> None:
+        """Queue a task for the workers, starting them if need be, unless a queued task
+        has its merge key (then that one does its work). Holds the lock."""
+        merge = entry[2]
+        if merge is not None:
+            if merge in self._merging:
+                if not self._merged_once:
+                    self._merged_once = True
+                    log.warning(
+                        "background tasks fall behind: %s came due while the last one "
+                        "still waited for a worker, which does the work of both (%s)",
+                        merge,
+                        self.url,
+                    )
+                return
+            self._merging.add(merge)
+        (self._followups if followup else self._arrived).append(entry)
         if not self._threads:
             for n in range(self.workers):
                 thread = threading.Thread(target=self._work, name=f"shardkit-{n}", daemon=True)
@@ -130,7 +160,10 @@ class LocalExecutor:
                         self._ready.wait()
                     finally:
                         self._waiting -= 1
-                task, args = self._arrived.popleft() if self._arrived else self._followups.pop()
+                task, args, merge = (
+                    self._arrived.popleft() if self._arrived else self._followups.pop()
+                )
+                self._merging.discard(merge)  # started: what comes due now is news to it
             self._run(task, args)
 
     def _start_timer(self) -> None:
@@ -149,8 +182,8 @@ class LocalExecutor:
                 if wait > 0:
                     self._timed.wait(wait)
                     continue
-                _, _, task, args = heapq.heappop(self._due)
-                self._queue(task, args, followup=False)
+                _, _, task, args, merge = heapq.heappop(self._due)
+                self._queue((task, args, merge), followup=False)
 
     def _run(self, task: str, args: Mapping[str, Any]) -> None:
         try:
@@ -172,7 +205,7 @@ class LocalExecutor:
             self._timed.notify()
             self._ready.notify_all()
         # Run here, not on the workers: they stop once nothing is queued.
-        for _, _, task, args in sorted(due):
+        for _, _, task, args, _ in sorted(due):
             self._run(task, args)
         for thread in self._threads:
             if thread is not threading.current_thread():
