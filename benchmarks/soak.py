@@ -12,9 +12,19 @@ kit's ``memory://`` cache. Finished jobs are purged ``--job-age`` seconds after 
 (``kit.purge_jobs``), as a long-running service would. After warm-up every column
 should stay flat.
 
+``--sustain SECONDS`` runs a steady load instead, on one kit: 50 buffered counters
+flushed every ``--interval`` (0.05 s), each incremented about 50 times a second; sharded
+counters written with an idempotency key each time; ids taken; a mapping job every
+``--job-every`` seconds. Every ``--sample`` seconds it prints the Python memory
+(tracemalloc: bytes and blocks, after a GC), the process's RSS and the tasks waiting in
+the local executor. At the end every count must be exact (status 1 if not, or if more
+tasks ever waited than a flush per counter and a job's ranges), and the growth of
+memory from the sample nearest ``--from`` seconds to the last is printed.
+
     python benchmarks/soak.py                       # temporary SQLite file, memory cache
     python benchmarks/soak.py --store postgresql://postgres@127.0.0.1:5432/test \\
         --cache redis://127.0.0.1:6379/12 --rounds 300
+    python benchmarks/soak.py --sustain 600 --sample 30 --from 120
 """
 
 from __future__ import annotations
@@ -23,7 +33,9 @@ import argparse
 import contextlib
 import dataclasses
 import gc
+import os
 import tempfile
+import threading
 import time
 import tracemalloc
 import uuid
@@ -42,6 +54,7 @@ from shardkit.store.sql import SqlStore
 
 COUNTERS = 50
 ROWS = 200
+JOB_TASKS = 16  # ranges of a job over ROWS rows (pages of 50, fanout 4) waiting at once
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -62,6 +75,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=5.0,
         help="seconds after which finished jobs are purged (5; kit.purge_jobs' is a week)",
     )
+    parser.add_argument("--sustain", type=float, help="seconds of steady load (see above)")
+    parser.add_argument("--interval", type=float, default=0.05, help="flush interval (0.05)")
+    parser.add_argument("--sample", type=float, default=30.0, help="seconds between rows (30)")
+    parser.add_argument(
+        "--from",
+        dest="since",
+        type=float,
+        default=120.0,
+        help="growth measured from the sample nearest this second (120)",
+    )
+    parser.add_argument("--job-every", type=float, default=60.0, help="seconds between jobs")
     return parser.parse_args(argv)
 
 
@@ -80,8 +104,142 @@ def lose_generations(kit: shardkit.Kit, names: list[str]) -> None:
         kit.cache.delete(settings.cache_key(name, "buffered:generation"))
 
 
+def rss_kib() -> int:
+    """The process's resident memory (``/proc/self/statm``), in KiB."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+class Load:
+    """The steady load of ``--sustain``: writer threads counting what was acknowledged."""
+
+    def __init__(self, kit: shardkit.Kit, interval: float) -> None:
+        self.kit = kit
+        self.buffered = [kit.buffered(f"load:{n}", interval=interval) for n in range(COUNTERS)]
+        self.sharded = [kit.sharded(f"load:{n}:sharded") for n in range(10)]
+        self.ids = kit.ids("load:ids", block=100)
+        self.acked = [0] * COUNTERS
+        self.keyed = [0] * len(self.sharded)
+        self.taken: list[int] = []
+        self.stop = threading.Event()
+        self.threads = [
+            threading.Thread(target=self._buffered, args=(part,)) for part in range(4)
+        ] + [threading.Thread(target=self._others)]
+
+    def _buffered(self, part: int) -> None:
+        """A quarter of the counters, each incremented about 50 times a second."""
+        mine = range(part, COUNTERS, 4)
+        while not self.stop.wait(0.02):
+            for n in mine:
+                self.buffered[n].incr()
+                self.acked[n] += 1
+
+    def _others(self) -> None:
+        while not self.stop.wait(0.01):
+            for n, counter in enumerate(self.sharded):
+                if counter.incr(key=f"k{self.keyed[n]}"):
+                    self.keyed[n] += 1
+            self.taken.append(self.ids.next())
+
+    def __enter__(self) -> Load:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join()
+
+    def exact(self) -> bool:
+        self.kit.flush_all()
+        buffered = [counter.parts() for counter in self.buffered]
+        sharded = [counter.value(fresh=True) for counter in self.sharded]
+        ids_ok = self.taken == sorted(set(self.taken))
+        return buffered == [(acked, 0) for acked in self.acked] and sharded == self.keyed and ids_ok
+
+
+def sustain(args: argparse.Namespace) -> int:
+    """``--sustain``: the steady load, sampled."""
+    console = report_console()
+    prefix = f"sksoak{uuid.uuid4().hex[:8]}_"
+    executor = local.LocalExecutor()
+    table = Table(title=f"Sustained load: {args.sustain:.0f} s ({args.cache})")
+    for column in ("s", "memory KiB", "blocks", "RSS KiB", "tasks waiting"):
+        table.add_column(column, justify="right")
+    samples: list[tuple[float, int, int, int]] = []
+    waiting = 0
+    with contextlib.ExitStack() as stack:
+        scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="shardkit-soak-")))
+        store_url = args.store or f"sqlite:///{scratch / 'soak.db'}"
+        kit = shardkit.connect(store_url, args.cache, prefix=prefix, executor=executor)
+        store = kit.store
+        assert isinstance(store, SqlStore)
+        stack.callback(store.metadata.drop_all, store.engine)
+        stack.callback(kit.close)
+        if args.cache.startswith(("redis://", "rediss://", "unix://")):
+            client = _redis_client(args.cache)
+            stack.callback(client.close)
+            stack.callback(forget_redis_keys, client, kit._settings.namespace)
+        accounts = sa.Table(
+            f"{prefix}accounts",
+            store.metadata,
+            sa.Column("k", sa.Integer, primary_key=True),
+            sa.Column("v", sa.Integer, nullable=False),
+        )
+        accounts.create(store.engine)
+        with store.engine.begin() as conn:
+            conn.execute(accounts.insert(), [{"k": k, "v": 0} for k in range(ROWS)])
+        jobs = 0
+
+        def fn(batch: Batch) -> None:
+            statement = sa.update(accounts).where(accounts.c.k == sa.bindparam("key"))
+            batch.conn.execute(
+                statement.values(v=accounts.c.v + 1), [{"key": row["k"]} for row in batch.rows]
+            )
+
+        tracemalloc.start()
+        started = time.monotonic()
+        next_sample = next_job = started
+        with Load(kit, args.interval) as load:
+            while (now := time.monotonic()) < started + args.sustain:
+                waiting = max(waiting, executor.queued)
+                if now >= next_job:
+                    kit.map(accounts, fn, transactional=True, page_size=50, fanout=4)
+                    jobs += 1
+                    kit.purge_jobs(args.job_age)
+                    next_job += args.job_every
+                if now >= next_sample:
+                    gc.collect()
+                    memory, _ = tracemalloc.get_traced_memory()
+                    blocks = len(tracemalloc.take_snapshot().traces)
+                    sample = (now - started, memory // 1024, blocks, rss_kib())
+                    samples.append(sample)
+                    table.add_row(f"{sample[0]:.0f}", *(f"{v:,}" for v in sample[1:]),
+                                  str(executor.queued))  # fmt: skip
+                    next_sample += args.sample
+                time.sleep(0.05)
+        tracemalloc.stop()
+        executor.close()  # the jobs ran to their end
+        exact = load.exact()
+        with store.engine.connect() as conn:
+            moved = {int(v) for (v,) in conn.execute(sa.select(accounts.c.v))}
+        exact = exact and moved == {jobs}
+    console.print(table)
+    base = min(samples, key=lambda sample: abs(sample[0] - args.since))
+    last = samples[-1]
+    for what, index in (("memory", 1), ("blocks", 2), ("RSS", 3)):
+        growth = (last[index] - base[index]) / base[index] * 100
+        console.print(f"{what}: {growth:+.1f} % from {base[0]:.0f} s to {last[0]:.0f} s")
+    console.print(f"every count exact: {exact}; at most {waiting} tasks waited ({COUNTERS} "
+                  f"counters); {jobs} jobs")  # fmt: skip
+    return 0 if exact and waiting <= COUNTERS + JOB_TASKS else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.sustain:
+        return sustain(args)
     console = report_console()
     prefix = f"sksoak{uuid.uuid4().hex[:8]}_"
     names = [f"soak:{index}" for index in range(COUNTERS)]
