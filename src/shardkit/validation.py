@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 import math
 import re
 from collections.abc import Iterable
@@ -33,6 +34,23 @@ how stale ``value()`` may be in other processes, traded against a background sen
 process every so often."""
 
 
+_UNITS = ((365 * 86400, "year"), (86400, "day"), (3600, "hour"), (60, "minute"))
+
+
+def duration(seconds: float) -> str:
+    """``seconds`` written for a person: ``0.001 s``, ``60 s (1 minute)``,
+    ``2,592,000 s (30 days)``; never in exponent notation."""
+    if seconds == int(seconds):
+        text = f"{int(seconds):,} s"
+    else:
+        text = f"{decimal.Decimal(repr(float(seconds))).normalize():f} s"
+    for size, unit in _UNITS:
+        if seconds >= size and seconds % size == 0:
+            count = int(seconds // size)
+            return f"{text} ({count:,} {unit}{'s' if count != 1 else ''})"
+    return text
+
+
 def _seconds(value: object, what: str, low: float, high: float, *, zero: bool = False) -> float:
     """``value`` as a float if it is a finite number of seconds (not a bool) in
     ``low..high`` (``0 < value`` when ``low`` is 0 unless ``zero``)."""
@@ -41,9 +59,9 @@ def _seconds(value: object, what: str, low: float, high: float, *, zero: bool = 
     if number:  # an int too large for a float is out of range anyway
         seconds = math.inf if value > high else float(value)  # type: ignore[operator,arg-type]
     if not (low <= seconds <= high and (seconds > 0 or zero)):
-        above = f"≥ {low:g}" if low or zero else "> 0"
+        above = f"≥ {duration(low)}" if low or zero else "> 0"
         raise ValidationError(
-            f"{what} must be a number of seconds {above} and ≤ {high:g}, not {value!r}"
+            f"{what} must be a number of seconds {above} and ≤ {duration(high)}, not {value!r}"
         )
     return seconds
 

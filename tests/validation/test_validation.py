@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -170,3 +171,20 @@ def test_a_missing_driver_names_the_extra_to_install(
     monkeypatch.setitem(sys.modules, module, None)  # importing it now raises ImportError
     with pytest.raises(MissingDriver, match=extra.replace("[", r"\[")):
         shardkit.connect(store or sqlite_url, cache)
+
+
+@pytest.mark.parametrize(
+    ("options", "limit"),
+    [
+        ({"cache_ttl": 10**9}, "≤ 2,592,000 s (30 days)"),
+        ({"key_retention": -1}, "≥ 0 s and ≤ 3,153,600,000 s (100 years)"),
+        ({"adjust_delay": 61}, "≤ 60 s (1 minute)"),
+    ],
+)
+def test_limits_in_messages_are_whole_numbers_with_units(
+    sqlite_url: str, options: dict[str, Any], limit: str
+) -> None:
+    with pytest.raises(shardkit.ConfigurationError) as raised:
+        shardkit.connect(sqlite_url, prefix=PREFIX, **options)
+    assert limit in str(raised.value)
+    assert "e+" not in str(raised.value)
