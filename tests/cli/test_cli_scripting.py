@@ -346,9 +346,11 @@ def test_tables_fit_an_80_column_terminal(tmp_path: Path) -> None:
     try:
         listed = terminal.run("shardkit list")
         jobs = terminal.run("shardkit jobs")
+        status = terminal.run("shardkit jobs status nightly")
+        demo = terminal.run("shardkit demo --writers 1 --seconds 0.2")
     finally:
         terminal.close()
-    for screen in (listed, jobs):
+    for screen in (listed, jobs, status, demo):
         assert "…" not in screen, screen
         assert all(len(line) <= 80 for line in screen.splitlines())
     assert all(header in listed for header in ("name", "kind", "shards", "value"))
@@ -358,3 +360,7 @@ def test_tables_fit_an_80_column_terminal(tmp_path: Path) -> None:
     assert "nightly-" in jobs
     assert "complete" in jobs
     assert "3,000" in jobs
+    assert "rows     3,000 of about 3,000" in status
+    for header in ("mode", "writers", "ops", "ops/s", "vs naive", "counted", "exact"):
+        assert header in demo, demo
+    assert "✗" not in demo

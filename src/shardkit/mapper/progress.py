@@ -16,12 +16,12 @@ def watch(job: Job, console: Console, *, poll: float = 0.25) -> JobStatus:
     done against the estimate, rows per second, ranges in flight. Returns the last
     status; interrupting the watch leaves the job running."""
     status = job.status()
-    progress = Progress(
-        BarColumn(bar_width=20),
+    progress = Progress(  # fits 80 columns with a job of millions of rows
+        BarColumn(bar_width=10),
         TaskProgressColumn(),
         TextColumn(
-            "{task.fields[rows]} rows · {task.fields[rate]:,.0f} rows/s · "
-            "{task.fields[pending]} ranges in flight · depth {task.fields[depth]}"
+            "{task.fields[rows]} rows · {task.fields[rate]:,.0f}/s · "
+            "{task.fields[pending]} in flight · depth {task.fields[depth]}"
         ),
         TimeElapsedColumn(),
         console=console,
