@@ -21,20 +21,48 @@ import threading
 import time
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-from rich.console import Console
-from rich.table import Column, Table
-from rich.text import Text
 
 import shardkit
 from shardkit.validation import check_name
 
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.text import Text
+
 F = TypeVar("F", bound=Callable[..., Any])
 
-out = Console(highlight=False, markup=False, emoji=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, markup=False, emoji=False, soft_wrap=True)
+
+class _Output:
+    """A Rich console made when first printed to (Rich is imported then, so that
+    ``--help`` does not pay for it): user text is never markup, output that is not a
+    terminal is never wrapped or cut."""
+
+    def __init__(self, *, stderr: bool = False) -> None:
+        self._stderr = stderr
+        self._console: Console | None = None
+
+    @property
+    def console(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            console = Console(
+                stderr=self._stderr, highlight=False, markup=False, emoji=False, soft_wrap=True
+            )
+            if not console.is_terminal:
+                console.width = 1_000_000
+            self._console = console
+        return self._console
+
+    def print(self, *objects: Any) -> None:
+        self.console.print(*objects)
+
+
+out = _Output()
+err = _Output(stderr=True)
 
 # Characters a terminal would act on or hide, instead of showing: controls (escape
 # sequences start with one), formatting (bidirectional overrides, zero-width) and
@@ -54,6 +82,8 @@ def shown(text: str) -> str:
 
 
 def _error(message: str) -> None:
+    from rich.text import Text
+
     err.print(Text.assemble(("error:", "red"), " ", shown(message)))
 
 
@@ -126,9 +156,6 @@ def main(ctx: click.Context, store: str | None, cache: str | None, prefix: str) 
     visits of huge tables.
 
     Exit status: 0 done, 1 failed (one line on stderr), 2 usage error."""
-    for console in (out, err):
-        if not console.is_terminal:
-            console.width = 1_000_000  # piped: lines are never wrapped or cut
     context = Context(store, cache, prefix)
     ctx.obj = context
     ctx.call_on_close(context.close)
@@ -401,6 +428,8 @@ def list_counters(context: Context, as_json: bool) -> None:
     if not rows:
         out.print(shown(f"no counters in {kit.store.url}"))
         return
+    from rich.table import Column, Table
+
     out.print(shown(f"counters in {kit.store.url}"))
     table = Table(
         Column("name", overflow="fold", ratio=1),
@@ -482,6 +511,8 @@ def jobs(ctx: click.Context, limit: int, as_json: bool) -> None:
     if not statuses:
         out.print("no jobs")
         return
+    from rich.table import Column, Table
+
     short = _short_ids(status.id for status in every)
     table = Table(
         Column("id", overflow="fold"),
@@ -504,6 +535,8 @@ def jobs(ctx: click.Context, limit: int, as_json: bool) -> None:
 
 
 def _state(state: str) -> Text:
+    from rich.text import Text
+
     colour = {"complete": "green", "running": "cyan", "failed": "red"}.get(state, "yellow")
     return Text(state, style=colour)
 
@@ -537,9 +570,11 @@ def job_status(context: Context, job_id: str, as_json: bool) -> None:
 
 def _followed(job: shardkit.Job) -> None:
     """Follow ``job`` with a progress bar until it finishes; exit 1 unless complete."""
+    from rich.text import Text
+
     from shardkit.mapper.progress import watch
 
-    status = watch(job, out)
+    status = watch(job, out.console)
     out.print(Text.assemble(shown(job.id), ": ", _state(status.state), f", {status.rows:,} rows"))
     if status.state != "complete":
         sys.exit(1)
@@ -691,6 +726,8 @@ def demo(context: Context, writers: int, seconds: float) -> None:
 
     Runs on a temporary SQLite file unless --store is given.
     """
+    from rich.console import Console
+
     from shardkit.demo import run_demo
 
     # The demo's own text is styled with Rich markup (the URLs in it escaped).
