@@ -104,6 +104,31 @@ def lose_generations(kit: shardkit.Kit, names: list[str]) -> None:
         kit.cache.delete(settings.cache_key(name, "buffered:generation"))
 
 
+def setting_up(
+    stack: contextlib.ExitStack, args: argparse.Namespace, prefix: str, kit: shardkit.Kit
+) -> tuple[SqlStore, sa.Table]:
+    """The run's store and its ``accounts`` table of ROWS rows, both dropped by ``stack``
+    (the kit closed first; its Redis keys, with a Redis cache, deleted)."""
+    store = kit.store
+    assert isinstance(store, SqlStore)
+    stack.callback(store.metadata.drop_all, store.engine)
+    stack.callback(kit.close)  # before the tables go
+    if args.cache.startswith(("redis://", "rediss://", "unix://")):
+        client = _redis_client(args.cache)
+        stack.callback(client.close)
+        stack.callback(forget_redis_keys, client, kit._settings.namespace)
+    accounts = sa.Table(
+        f"{prefix}accounts",
+        store.metadata,
+        sa.Column("k", sa.Integer, primary_key=True),
+        sa.Column("v", sa.Integer, nullable=False),
+    )
+    accounts.create(store.engine)
+    with store.engine.begin() as conn:
+        conn.execute(accounts.insert(), [{"k": k, "v": 0} for k in range(ROWS)])
+    return store, accounts
+
+
 def rss_kib() -> int:
     """The process's resident memory (``/proc/self/statm``), in KiB."""
     pages = int(Path("/proc/self/statm").read_text().split()[1])
@@ -173,23 +198,7 @@ def sustain(args: argparse.Namespace) -> int:
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="shardkit-soak-")))
         store_url = args.store or f"sqlite:///{scratch / 'soak.db'}"
         kit = shardkit.connect(store_url, args.cache, prefix=prefix, executor=executor)
-        store = kit.store
-        assert isinstance(store, SqlStore)
-        stack.callback(store.metadata.drop_all, store.engine)
-        stack.callback(kit.close)
-        if args.cache.startswith(("redis://", "rediss://", "unix://")):
-            client = _redis_client(args.cache)
-            stack.callback(client.close)
-            stack.callback(forget_redis_keys, client, kit._settings.namespace)
-        accounts = sa.Table(
-            f"{prefix}accounts",
-            store.metadata,
-            sa.Column("k", sa.Integer, primary_key=True),
-            sa.Column("v", sa.Integer, nullable=False),
-        )
-        accounts.create(store.engine)
-        with store.engine.begin() as conn:
-            conn.execute(accounts.insert(), [{"k": k, "v": 0} for k in range(ROWS)])
+        store, accounts = setting_up(stack, args, prefix, kit)
         jobs = 0
 
         def fn(batch: Batch) -> None:
@@ -258,23 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         kit = connect()
         # A short grace so that a run of a minute shows dead generations being folded.
         kit._settings = dataclasses.replace(kit._settings, fold_after=args.fold_after)
-        store = kit.store
-        assert isinstance(store, SqlStore)
-        stack.callback(store.metadata.drop_all, store.engine)
-        stack.callback(kit.close)  # before the tables go
-        if args.cache.startswith(("redis://", "rediss://", "unix://")):
-            client = _redis_client(args.cache)
-            stack.callback(client.close)
-            stack.callback(forget_redis_keys, client, kit._settings.namespace)
-        accounts = sa.Table(
-            f"{prefix}accounts",
-            store.metadata,
-            sa.Column("k", sa.Integer, primary_key=True),
-            sa.Column("v", sa.Integer, nullable=False),
-        )
-        accounts.create(store.engine)
-        with store.engine.begin() as conn:
-            conn.execute(accounts.insert(), [{"k": k, "v": 0} for k in range(ROWS)])
+        store, accounts = setting_up(stack, args, prefix, kit)
 
         tracemalloc.start()
         started = time.monotonic()
