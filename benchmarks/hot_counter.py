@@ -235,6 +235,8 @@ def kit_writer(target: KitTarget) -> Iterator[Op]:
     """``kit.sharded(name).incr()`` or ``kit.buffered(name, interval).incr()``; on the way
     out, the kit's close runs the flush it has waiting, then the writer reports the
     store writes its kit made."""
+    # The switch a user has: opening a kit records metrics unless it is off.
+    os.environ["SHARDKIT_METRICS"] = "on" if target.metrics else "off"
     if target.metrics:
         metrics.enable()
     else:

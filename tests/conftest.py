@@ -45,8 +45,9 @@ settings.register_profile("ci", derandomize=True, database=None, print_blob=True
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-# Every kit of the tests records metrics (so every test runs the instrumented paths),
-# in this process and in the processes it starts.
+# Every kit of the tests records metrics (so every test runs the instrumented paths), in
+# this process and in the processes it starts, as wherever prometheus_client is
+# installed; "on" makes a missing one an error.
 os.environ["SHARDKIT_METRICS"] = "on"
 
 

@@ -1,8 +1,9 @@
 """What the counters and jobs do, as Prometheus metrics (``shardkit[metrics]``).
 
 Counters and jobs report to ``meter``: a ``Meter`` that drops everything until metrics
-are turned on, by ``$SHARDKIT_METRICS=on`` (read when a kit is opened) or ``enable()``;
-then it records into ``prometheus_client`` metrics (about 3 µs of CPU per write). Under a
+are turned on, when a kit is opened with ``prometheus_client`` importable (unless
+``$SHARDKIT_METRICS=off``) or by ``enable()``; then it records into
+``prometheus_client`` metrics (about 3 µs of CPU per write). Under a
 pre-fork server or Celery's prefork pool, also set ``$PROMETHEUS_MULTIPROC_DIR`` before
 the processes start (prometheus_client's multiprocess mode): every process's metrics are
 then summed where they are served (``shardkit.monitor.exporter``). Recording never does
@@ -74,6 +75,7 @@ meter = Meter()
 """Where counters and jobs report: replaced by ``enable()``."""
 
 _ON = ("on", "1", "true", "yes")
+_OFF = ("off", "0", "false", "no")
 _lock = threading.Lock()
 _recording: dict[int, Meter] = {}  # by registry id: its metrics are registered once
 
@@ -99,10 +101,17 @@ def disable() -> None:
 
 
 def start() -> None:
-    """Enable metrics if ``$SHARDKIT_METRICS`` is ``on`` (called when a kit is opened);
-    ``MissingDriver`` if prometheus_client is not installed then."""
-    if not meter.enabled and os.environ.get("SHARDKIT_METRICS", "").lower() in _ON:
+    """Enable metrics, called when a kit is opened: if prometheus_client is installed,
+    unless ``$SHARDKIT_METRICS`` is ``off``; ``MissingDriver`` if it is ``on`` and
+    prometheus_client is not installed."""
+    setting = os.environ.get("SHARDKIT_METRICS", "").lower()
+    if meter.enabled or setting in _OFF:
+        return
+    try:
         enable()
+    except MissingDriver:
+        if setting in _ON:
+            raise
 
 
 def prometheus() -> Any:

@@ -95,7 +95,7 @@ def test_a_bad_item_is_refused_and_counts_nothing(where: tuple[str, str]) -> Non
 
 
 def test_the_metrics_count_the_services_writes(where: tuple[str, str]) -> None:
-    shardkit.metrics.enable()  # as $SHARDKIT_METRICS=on does
+    shardkit.metrics.enable()  # as opening a kit does
     item = uuid.uuid4().hex
 
     def applied(text: str, kind: str) -> float:

@@ -341,3 +341,29 @@ def test_no_password_reaches_the_dashboard(sqlite_url: str) -> None:
         assert "***" in info["store"]
         for path in ("/", "/api/info", "/api/counters", "/api/jobs", "/metrics"):
             assert "s3cret-pw" not in client.get(path).text, path
+
+
+@pytest.mark.parametrize(("setting", "recorded"), [(None, True), ("off", False), ("on", True)])
+def test_metrics_are_recorded_once_prometheus_client_is_installed(
+    sqlite_url: str, setting: str | None, recorded: bool
+) -> None:
+    """A process that opens a kit records metrics when prometheus_client is importable,
+    unless ``$SHARDKIT_METRICS=off`` (a process of its own: the tests' set it on)."""
+    env = {k: v for k, v in os.environ.items() if k != "SHARDKIT_METRICS"}
+    if setting is not None:
+        env["SHARDKIT_METRICS"] = setting
+    script = (
+        "import sys, shardkit, shardkit.metrics\n"
+        "with shardkit.connect(sys.argv[1], prefix=sys.argv[2]) as kit:\n"
+        "    kit.sharded('metrics:default').incr()\n"
+        "print(shardkit.metrics.meter.enabled)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, sqlite_url, PREFIX],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(recorded)

@@ -38,7 +38,7 @@ def test_the_sites_metrics_list_the_configured_counters(
     video = Video.objects.create(title="measured")
     name = f"videos.video.views:{video.pk}"
     settings.SHARDKIT = {**settings.SHARDKIT, "METRICS_COUNTERS": [name]}
-    shardkit.metrics.enable()  # as $SHARDKIT_METRICS=on does
+    shardkit.metrics.enable()  # as opening a kit does
     Video.objects.filter(pk=video.pk).update(views=F("views") + 2)
     video.views.incr(3)
     answer = client.get("/shardkit/metrics")
