@@ -637,7 +637,7 @@ def _listening(host: str, port: int) -> socket.socket:
         ) from exc
 
 
-_COUNTER_HELP = "A counter whose value to export as shardkit_counter_value (repeatable)."
+_COUNTER_HELP = "A counter whose value to export as shardkit_value (repeatable)."
 
 
 @main.command()

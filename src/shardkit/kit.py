@@ -77,6 +77,7 @@ class _Named(Protocol):
     kind: str
 
 
+_CACHING_VALUES = metrics.action("caching values")
 _K = TypeVar("_K", bound=_Named)  # the counters a kit keeps open
 _C = TypeVar("_C", bound=_Named)
 _S = TypeVar("_S", bound=ShardedCore)
@@ -291,7 +292,7 @@ class KitCore(Generic[_K]):
         missing = [name for name in wanted if name not in found]
         totals = yield from call(Store.totals, missing)
         if not fresh:
-            yield from best_effort(options, "caching values", self._cache_values(totals))
+            yield from best_effort(options, _CACHING_VALUES, self._cache_values(totals))
         found.update(totals)
         return {name: found[name] for name in wanted}
 

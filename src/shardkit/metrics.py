@@ -12,6 +12,8 @@ I/O and never fails the call it records.
 Every label has a bounded set of values: counter kinds, outcomes, the actions the kit
 rides out failures of, and mapping job ids; never a counter's name (the per-counter
 gauges that ``shardkit.monitor`` reads at scrape time are for names the user lists).
+Every series a dashboard divides or alerts on exists from the start, at 0: each kind's
+outcomes, the flushes' outcomes, each action declared with ``action()``.
 """
 
 from __future__ import annotations
@@ -26,8 +28,24 @@ from shardkit.errors import MissingDriver
 
 T = TypeVar("T")
 
-# Outcomes of a write.
+# Outcomes of a write, of the counters of these kinds.
 APPLIED, REPEATED, FAILED = "applied", "repeated", "failed"
+KINDS = ("sharded", "buffered", "monotonic", "ids")
+# Outcomes of a flush.
+FLUSHES = ("moved", "idle", "failed")
+# The actions whose failures the kits ride out (``FailureLog``), declared by the modules
+# that do them, and the background tasks.
+_actions: set[str] = set()
+
+
+def action(name: str) -> str:
+    """Declare ``name`` an action whose failures may be ridden out (its series then
+    exists at 0 from when metrics are on); return it."""
+    with _lock:
+        _actions.add(name)
+        meter.declared(name)
+    return name
+
 
 _WRITE_SECONDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 _BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -49,6 +67,9 @@ class Meter:
     def rode_out(self, action: str) -> None:
         """A call failed without failing its caller (``FailureLog``): a cache error the
         kit fell back from, or a background task that failed."""
+
+    def declared(self, action: str) -> None:
+        """``action`` may be ridden out: its series starts at 0."""
 
     def flushed(self, outcome: str) -> None:
         """A buffered counter's flush ended: ``moved`` something, ``idle``, ``failed``."""
@@ -74,9 +95,9 @@ class Meter:
 meter = Meter()
 """Where counters and jobs report: replaced by ``enable()``."""
 
+_lock = threading.Lock()
 _ON = ("on", "1", "true", "yes")
 _OFF = ("off", "0", "false", "no")
-_lock = threading.Lock()
 _recording: dict[int, Meter] = {}  # by registry id: its metrics are registered once
 
 
@@ -87,7 +108,7 @@ def enable(registry: Any = None) -> Meter:
     global meter
     with _lock:
         if not meter.enabled:
-            meter = _recording.get(id(registry)) or _PrometheusMeter(registry)
+            meter = _recording.get(id(registry)) or _PrometheusMeter(registry, _actions)
             _recording[id(registry)] = meter
         return meter
 
@@ -152,7 +173,7 @@ class _PrometheusMeter(Meter):
 
     enabled = True
 
-    def __init__(self, registry: Any) -> None:
+    def __init__(self, registry: Any, actions: set[str]) -> None:
         prom = prometheus()
         where = {"registry": registry} if registry is not None else {}
         self._seconds = prom.Histogram(
@@ -177,6 +198,8 @@ class _PrometheusMeter(Meter):
             ["action"],
             **where,
         )
+        for each in actions:
+            self._rode_out.labels(each)
         self._flushes = prom.Counter(
             "shardkit_flushes", "Buffered counters' flushes, by outcome.", ["outcome"], **where
         )
@@ -201,7 +224,7 @@ class _PrometheusMeter(Meter):
         self._running = prom.Gauge(
             "shardkit_job_ranges_running",
             "Ranges of a mapping job being visited now.",
-            ["job"],
+            ["job_id"],
             multiprocess_mode="livesum",
             **where,
         )
@@ -209,6 +232,11 @@ class _PrometheusMeter(Meter):
         # own bookkeeping.
         self._write_children: dict[tuple[str, str], Any] = {}
         self._batch_children: dict[str, Any] = {}
+        for kind in KINDS:  # every series at 0 from the start
+            for outcome in (APPLIED, REPEATED, FAILED):
+                self._write_children[kind, outcome] = self._seconds.labels(kind, outcome)
+        for outcome in FLUSHES:
+            self._flushes.labels(outcome)
 
     def wrote(self, kind: str, outcome: str, seconds: float) -> None:
         child = self._write_children.get((kind, outcome))
@@ -224,6 +252,9 @@ class _PrometheusMeter(Meter):
 
     def rode_out(self, action: str) -> None:
         self._rode_out.labels(action).inc()
+
+    def declared(self, action: str) -> None:
+        self._rode_out.labels(action)
 
     def flushed(self, outcome: str) -> None:
         self._flushes.labels(outcome).inc()

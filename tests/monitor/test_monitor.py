@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,7 +38,7 @@ from backends import (
     store_url_for,
     wait_for,
 )
-from servers import RedisServer, running
+from servers import RedisServer, running, unavailable
 from shardkit.monitor.asgi import dashboard
 from shardkit.monitor.exporter import serve
 from shardkit.store.sql import SqlStore
@@ -118,18 +120,18 @@ def test_metrics_over_http_move_exactly_with_the_work(kit: shardkit.Kit, table: 
     assert change(before, after, "shardkit_flushes_total", outcome="moved") == 1
     # Read at scrape time from the store and cache: the listed counters' values, the
     # pending increments (before and after the flush), the job's progress.
-    assert sample(after, "shardkit_counter_value", counter=names["sharded"], kind="sharded") == 11
+    assert sample(after, "shardkit_value", counter=names["sharded"], kind="sharded") == 11
     assert sample(middle, "shardkit_buffered_pending", counter=names["buffered"]) == 7
     assert sample(after, "shardkit_buffered_pending", counter=names["buffered"]) == 0
-    assert sample(after, "shardkit_counter_value", counter=names["buffered"], kind="buffered") == 7
+    assert sample(after, "shardkit_value", counter=names["buffered"], kind="buffered") == 7
     assert change(before, middle, "shardkit_buffered_pending_all") >= 7
     status = job.status()
-    assert sample(after, "shardkit_job_rows_total", job=job.id) == status.rows == 250
-    assert sample(after, "shardkit_job_pages_total", job=job.id) == status.pages
-    assert sample(after, "shardkit_job_ranges", job=job.id, state="pending") == 0
-    assert sample(after, "shardkit_job_ranges", job=job.id, state="done") == status.done > 1
-    assert sample(after, "shardkit_job_state", job=job.id, state="complete") == 1
-    assert sample(after, "shardkit_job_ranges_running", job=job.id) == 0
+    assert sample(after, "shardkit_job_rows_total", job_id=job.id) == status.rows == 250
+    assert sample(after, "shardkit_job_pages_total", job_id=job.id) == status.pages
+    assert sample(after, "shardkit_job_ranges", job_id=job.id, state="pending") == 0
+    assert sample(after, "shardkit_job_ranges", job_id=job.id, state="done") == status.done > 1
+    assert sample(after, "shardkit_job_state", job_id=job.id, state="complete") == 1
+    assert sample(after, "shardkit_job_ranges_running", job_id=job.id) == 0
     assert sample(after, "shardkit_monitor_read_ok") == 1
 
 
@@ -205,7 +207,7 @@ def test_a_prefork_servers_processes_are_summed(sqlite_url: str, name: str, tmp_
             served.terminate()
             served.wait(10)
     assert sample(got, "shardkit_write_seconds_count", kind="sharded", outcome="applied") == 120
-    assert sample(got, "shardkit_counter_value", counter=name, kind="sharded") == 120
+    assert sample(got, "shardkit_value", counter=name, kind="sharded") == 120
 
 
 # -- the dashboard's API ---------------------------------------------------------------
@@ -367,3 +369,43 @@ def test_metrics_are_recorded_once_prometheus_client_is_installed(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(recorded)
+
+
+def test_what_is_served_passes_promtool_and_every_series_starts_at_zero(
+    kit: shardkit.Kit, table: sa.Table, name: str
+) -> None:
+    """Before anything is written, every write outcome of every kind, every flush
+    outcome and every action ridden out has its series, at 0 (a rate of failures must
+    read 0, not "no data", on a healthy system); a job has a series per state, 1 for
+    its own; and Debian's promtool finds nothing to say of the names and labels."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        unavailable("promtool is not installed (.ci/run installs Debian's prometheus)")
+    kit.sharded(name).incr()
+    server = serve(kit, free_port(), counters=[name])
+    url = f"http://127.0.0.1:{server.port}/metrics"
+    try:
+        job = kit.map(table, lambda batch: None, key="id", page_size=50)
+        job.wait(30)
+        served = urllib.request.urlopen(url, timeout=10).read()
+        samples = scrape(url)
+    finally:
+        server.close()
+    for kind in ("sharded", "buffered", "monotonic", "ids"):
+        for outcome in ("applied", "repeated", "failed"):
+            labels = frozenset({"kind": kind, "outcome": outcome}.items())
+            assert ("shardkit_write_seconds_count", labels) in samples, (kind, outcome)
+    for outcome in ("moved", "idle", "failed"):
+        assert ("shardkit_flushes_total", frozenset({"outcome": outcome}.items())) in samples
+    ridden = {dict(labels)["action"] for metric, labels in samples
+              if metric == "shardkit_failures_ridden_out_total"}  # fmt: skip
+    assert {"flush", "map_range", "reading a cached value", "scheduling a flush"} <= ridden
+    states = {dict(labels)["state"]: value for (metric, labels), value in samples.items()
+              if metric == "shardkit_job_state" and dict(labels)["job_id"] == job.id}  # fmt: skip
+    assert states == {"running": 0, "complete": 1, "failed": 0, "cancelled": 0}
+    assert sample(samples, "shardkit_value", counter=name, kind="sharded") == 1
+    assert not any("job" in dict(labels) for _, labels in samples)
+    checked = subprocess.run(
+        [promtool, "check", "metrics"], input=served, capture_output=True, timeout=60
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr

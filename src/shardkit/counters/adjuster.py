@@ -16,13 +16,14 @@ import contextlib
 import threading
 from typing import Any
 
+from shardkit import metrics
 from shardkit._failures import FailureLog
 from shardkit._fork import reset_in_child
 from shardkit._program import Program, arun, call, run
 from shardkit.cache.base import Cache
 from shardkit.errors import BackendError
 
-_ADJUSTING = "adjusting cached values"
+_ADJUSTING = metrics.action("adjusting cached values")
 # How long ``sync`` waits for adjustments to be sent before serving the cache as it is,
 # and ``close`` for the last of them (a cache that hangs must not hang the kit's close).
 _SYNC_TIMEOUT = 10.0

@@ -88,8 +88,9 @@ _PLACING = 64
 MAX_DELTA = 2**40
 """The largest increment or decrement one call of a buffered counter takes."""
 # The kinds of failure that an increment rides out (logged by the kit's FailureLog).
-_SCHEDULE = "scheduling a flush"
-_MOVE = "starting a generation"
+_SCHEDULE = metrics.action("scheduling a flush")
+_MOVE = metrics.action("starting a generation")
+FLUSH = metrics.action("flush")  # the background task, bound by the kits
 
 
 class Parts(NamedTuple):
@@ -269,7 +270,7 @@ class BufferedCore:
         try:
             yield from call(
                 Executor.submit,
-                "flush",
+                FLUSH,
                 {"name": self.name, "since": number * self.interval},
                 delay=delay,
                 dedupe=f"flush:{self.name}:{number}",

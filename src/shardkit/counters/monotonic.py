@@ -23,6 +23,7 @@ from shardkit.validation import INT64_MAX, check_chance
 # A cache that loses the key again and again between a populate and the increment
 # gives up after this many tries.
 _ATTEMPTS = 5
+_PERSISTING = metrics.action("persisting a maximum")
 
 
 class MonotonicCore:
@@ -77,7 +78,7 @@ class MonotonicCore:
             # The value is handed out whatever happens to this write: failing the call
             # would only hide a value that the cache has already moved past.
             persisting = call(Store.raise_max, self.name, self._random_shard(), value)
-            yield from best_effort(self._options, "persisting a maximum", persisting)
+            yield from best_effort(self._options, _PERSISTING, persisting)
         return value
 
     def _populate(self) -> Program[None]:

@@ -24,8 +24,9 @@ _SHARDS_REFRESH = 10.0
 # A keyed write purges expired idempotency keys with this probability.
 _PURGE_CHANCE = 1 / 1000
 # Kinds of cache failures that the counter rides out (logged by the kit's FailureLog).
-_TICKET = "taking a shard ticket"
-_READ = "reading a cached value"
+_TICKET = metrics.action("taking a shard ticket")
+_READ = metrics.action("reading a cached value")
+_CACHING = metrics.action("caching a value")
 
 Write = tuple[int, str | None]  # (delta, idempotency key)
 
@@ -155,7 +156,7 @@ class ShardedCore:
         total = yield from call(Store.total, self.name)
         if not fresh:
             caching = call(Cache.add, self._value_key, total, options.cache_ttl)
-            yield from best_effort(options, "caching a value", caching)
+            yield from best_effort(options, _CACHING, caching)
         return total
 
 

@@ -54,10 +54,11 @@ from shardkit.store.sql import SqlStore
 
 log = logging.getLogger("shardkit")
 
-TASK = "map_range"
+TASK = metrics.action("map_range")  # a background task: its failures are ridden out
 _RETRY_DELAY = 0.05  # seconds before the first retry of a failed range; doubles
 _MAX_RETRY_DELAY = 30.0
-_UNRECORDED = "mapping ranges"  # a kind of failure: those the store could not record
+# A kind of failure: those the store could not record.
+_UNRECORDED = metrics.action("mapping ranges")
 # Failed jobs whose functions only this process holds (closures with no secret to sign
 # them), kept for ``resume()``: the newest this many.
 _KEEP_FAILED = 100

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardkit.errors import ShardkitError
-from shardkit.mapper.ledger import FINISHED
+from shardkit.mapper.ledger import FINISHED, RUNNING
 from shardkit.metrics import prometheus
 
 from .report import counter_views
@@ -66,7 +66,7 @@ class KitCollector:
         if not self.counters:
             return [all_pending]
         value = core.GaugeMetricFamily(
-            "shardkit_counter_value", "Value of a listed counter.", labels=["counter", "kind"]
+            "shardkit_value", "Value of a listed counter.", labels=["counter", "kind"]
         )
         waiting = core.GaugeMetricFamily(
             "shardkit_buffered_pending",
@@ -83,14 +83,14 @@ class KitCollector:
         statuses = self.kit.jobs()
         finished = [status for status in statuses if status.state in FINISHED]
         shown = [s for s in statuses if s.state not in FINISHED] + finished[:_FINISHED_JOBS]
-        job = ["job"]
+        job = ["job_id"]  # not "job": Prometheus gives every target's series that label
         rows = core.CounterMetricFamily("shardkit_job_rows", "Rows a job visited.", labels=job)
         estimate = core.GaugeMetricFamily(
             "shardkit_job_rows_estimated", "Rows in a job's source when it started.", labels=job
         )
         pages = core.CounterMetricFamily("shardkit_job_pages", "Pages a job visited.", labels=job)
         ranges = core.GaugeMetricFamily(
-            "shardkit_job_ranges", "A job's ranges, by state.", labels=["job", "state"]
+            "shardkit_job_ranges", "A job's ranges, by state.", labels=["job_id", "state"]
         )
         depth = core.GaugeMetricFamily(
             "shardkit_job_depth", "The deepest split of a job so far.", labels=job
@@ -101,7 +101,9 @@ class KitCollector:
             labels=job,
         )
         state = core.GaugeMetricFamily(
-            "shardkit_job_state", "1 for a job's current state.", labels=["job", "state"]
+            "shardkit_job_state",
+            "1 for a job's current state, 0 for each other.",
+            labels=["job_id", "state"],
         )
         for status in shown:
             rows.add_metric([status.id], status.rows)
@@ -112,7 +114,8 @@ class KitCollector:
             ranges.add_metric([status.id, "done"], status.done)
             depth.add_metric([status.id], status.depth)
             failures.add_metric([status.id], status.failures)
-            state.add_metric([status.id, status.state], 1)
+            for each in (RUNNING, *FINISHED):
+                state.add_metric([status.id, each], int(each == status.state))
         return [rows, estimate, pages, ranges, depth, failures, state]
 
 

@@ -49,7 +49,7 @@ def test_the_sites_metrics_list_the_configured_counters(
         for family in text_string_to_metric_families(answer.content.decode())
         for sample in family.samples
     }
-    assert samples[("shardkit_counter_value", (("counter", name), ("kind", "sharded")))] == 5
+    assert samples[("shardkit_value", (("counter", name), ("kind", "sharded")))] == 5
     assert samples[("shardkit_monitor_read_ok", ())] == 1
     assert (
         samples[("shardkit_write_seconds_count", (("kind", "sharded"), ("outcome", "applied")))]

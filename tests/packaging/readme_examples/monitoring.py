@@ -43,7 +43,7 @@ finally:
     for server in servers:
         server.terminate()
         server.wait(30)
-value = f'shardkit_counter_value{{counter="{name}",kind="sharded"}} 3.0'
+value = f'shardkit_value{{counter="{name}",kind="sharded"}} 3.0'
 print(
     json.dumps(
         {
