@@ -9,7 +9,8 @@ What each test proves:
 * Calls during an outage raise ``BackendUnavailable`` (the server could not be reached,
   or was lost mid-call), never a driver's own exception.
 * The same kit writes again, without anything done by its user, once the server answers:
-  of the calls each writer begins after the server's first answer, at most one fails.
+  of the calls each writer begins after the server's first answer, at most a few fail
+  (those that drew a connection left idle from before the outage).
 * A cache restart loses only what a buffered counter had pending, ids never repeat, and
   an outage is logged in a handful of lines that count the failures.
 
@@ -48,10 +49,11 @@ from shardkit.errors import BackendUnavailable
 
 pytestmark = pytest.mark.slow
 
-# Calls a writer may see fail after the server answers again (one on a connection that
-# the outage left in a pool): a client that backs off, or keeps dead connections, fails
-# call after call instead.
-FAILED_AFTER_ANSWER = 1
+# Calls a writer may see fail after the server answers again: those that drew, from a
+# pool, a connection made before the outage and idle through it. A client that backs
+# off, or keeps dead connections, fails call after call instead (hundreds, at a writer's
+# pace).
+FAILED_AFTER_ANSWER = 5
 
 
 def check_recovered(writers: Writers, answered_at: float) -> None:

@@ -9,7 +9,8 @@ environment variables:
   ``add_ten`` adds 10 to the page's rows, ``record_completion`` inserts a row into
   ``<table>_done``;
 * ``SHARDKIT_MAPPER_FAULTS``: a directory where faults are counted. A page fails
-  (exception) with probability ``FAIL_PROBABILITY``, and every process SIGKILLs itself
+  (exception) with probability ``FAIL_PROBABILITY``, and every ``FORCED_EVERY``-th page of
+  a process while a kind of failure has not struck yet; every process SIGKILLs itself
   once, at a page picked at random among its first pages, as long as one of the
   ``SHARDKIT_MAPPER_KILLS`` kill slots is free (each is a file created with O_EXCL, so
   the slots are shared by every process). Each fault strikes after the page's update,
@@ -34,6 +35,7 @@ from typing import Any
 import sqlalchemy as sa
 
 FAIL_PROBABILITY = 0.04
+FORCED_EVERY = 10  # until both kinds of failure have struck, every 10th page of a process
 KILL_WITHIN = (5, 25)  # a process kills itself at one of its pages in this range
 
 _pages = itertools.count(1)
@@ -71,24 +73,35 @@ def add_ten(batch: Any) -> None:
     batch.conn.execute(
         sa.update(table).where(table.c.k.in_(keys)).values(balance=table.c.balance + 10)
     )
-    if next(_pages) == _kill_at:
+    page = next(_pages)
+    if page == _kill_at:
         slot = _claim_kill()
         if slot is not None:
             if slot % 2 == 0:
                 os.kill(os.getpid(), signal.SIGKILL)
             _pending().add("kill")
             return
-    if random.random() < FAIL_PROBABILITY:
+    if random.random() < FAIL_PROBABILITY or (page % FORCED_EVERY == 0 and not _both_struck()):
         if _in_fn():
             _fail(batch.range, "in fn")
         _pending().add("fail")
 
 
+def _struck() -> str:
+    """The failures log: a line per failure injected, in any process."""
+    log = Path(os.environ["SHARDKIT_MAPPER_FAULTS"]) / "failures"
+    return log.read_text() if log.exists() else ""
+
+
+def _both_struck() -> bool:
+    struck = _struck()
+    return "in fn" in struck and "at checkpoint" in struck
+
+
 def _in_fn() -> bool:
     """Whether a failure strikes in fn rather than at the checkpoint: where one kind has
     not struck yet (in any process), that one; then either, at random."""
-    log = Path(os.environ["SHARDKIT_MAPPER_FAULTS"]) / "failures"
-    struck = log.read_text() if log.exists() else ""
+    struck = _struck()
     if "in fn" not in struck:
         return True
     return "at checkpoint" in struck and random.random() < 0.5
