@@ -644,3 +644,29 @@ def test_get_opens_an_existing_counter_of_whatever_kind(sqlite_url: str, name: s
         return [(await kit.get(f"{name}:{k}")).kind for k in "bims"]
 
     assert with_kit(sqlite_url, "memory://", fresh) == ["buffered", "ids", "monotonic", "sharded"]
+
+
+def test_coroutines_past_a_cluster_nodes_connections_wait_for_one(
+    redis_cluster: Any, name: str
+) -> None:
+    """300 coroutines reading one key while its node holds every command (``CLIENT
+    PAUSE``): the asyncio cluster client would open a connection for each and fail the
+    101st at once; the cache keeps the rest waiting, and every read answers."""
+    import redis
+
+    from shardkit.cache.cluster import AsyncRedisClusterCache
+
+    key = f"{name}:paused"
+
+    async def main() -> list[Any]:
+        cache = AsyncRedisClusterCache.from_url(redis_cluster.url)
+        try:
+            assert await cache.add(key, 7, 60)
+            for node in redis_cluster.primaries():
+                with redis.Redis(port=node.port) as client:
+                    client.execute_command("CLIENT", "PAUSE", 300)
+            return list(await asyncio.gather(*(cache.get(key) for _ in range(300))))
+        finally:
+            await cache.close()
+
+    assert asyncio.run(main()) == [7] * 300

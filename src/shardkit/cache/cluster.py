@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import time
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
@@ -119,17 +120,48 @@ class _Commands:
         return self._sender(keys_and_args[0]).evalsha(sha, numkeys, *keys_and_args)
 
 
+# Commands of an async cluster cache in flight at once; the others wait their turn. The
+# asyncio cluster client fails a command at once (MaxConnectionsError) when its node has
+# all its connections (100) in use, where a pool would make it wait.
+_IN_FLIGHT = 64
+
+
 class _AsyncCommands(_Commands):
     """``_Commands`` of an asyncio ``RedisCluster``, which reads the cluster's map on its
-    first command: the commands sent once, to a node found from the map, read it first."""
+    first command: the commands sent once, to a node found from the map, read it first.
+    At most ``_IN_FLIGHT`` commands are in flight; the others wait for one to end."""
+
+    def __init__(self, client: Any, sender: Callable[[str], _Sender]) -> None:
+        super().__init__(client, sender)
+        self._slots = asyncio.Semaphore(_IN_FLIGHT)
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._client, name)
+        if not callable(attribute):
+            return attribute
+
+        def limited(*args: Any, **kwargs: Any) -> Any:
+            result = attribute(*args, **kwargs)
+            return self._in_turn(result) if inspect.isawaitable(result) else result
+
+        return limited
+
+    async def _in_turn(self, command: Any) -> Any:
+        async with self._slots:
+            return await command
+
+    def mget(self, keys: list[str]) -> Any:
+        return self._in_turn(self._client.mget_nonatomic(keys))
 
     async def incrby(self, name: str, amount: int) -> Any:
-        await self._client.initialize()
-        return await super().incrby(name, amount)
+        async with self._slots:
+            await self._client.initialize()
+            return await super().incrby(name, amount)
 
     async def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
-        await self._client.initialize()
-        return await super().evalsha(sha, numkeys, *keys_and_args)
+        async with self._slots:
+            await self._client.initialize()
+            return await super().evalsha(sha, numkeys, *keys_and_args)
 
 
 class ClusterCore(RedisCore):
