@@ -468,11 +468,11 @@ def _short_ids(ids: Iterable[str]) -> dict[str, str]:
 
 
 def _job(kit: shardkit.Kit, given: str) -> shardkit.Job:
-    """The job whose id is ``given``, or starts with it and no other's does."""
-    ids = [status.id for status in kit.jobs()]
-    if given in ids:
+    """The job whose id is ``given``, or starts with it and no other's does (every job
+    is read only when ``given`` is no job's whole id)."""
+    with contextlib.suppress(shardkit.JobNotFound, shardkit.ValidationError):
         return kit.job(given)
-    matches = [job_id for job_id in ids if job_id.startswith(given)]
+    matches = [status.id for status in kit.jobs() if status.id.startswith(given)]
     if len(matches) == 1:
         return kit.job(matches[0])
     if not matches:
