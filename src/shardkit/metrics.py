@@ -49,7 +49,14 @@ def action(name: str) -> str:
 
 _WRITE_SECONDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 _BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-_LAG_SECONDS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+# A flush's lag in multiples of its counter's interval: a flush on time lags a little more
+# than one interval, so the buckets are dense there (at most 10 % apart up to three
+# intervals, where quantiles interpolated within a bucket are right to within 10 %).
+_LAG_INTERVALS = (
+    *(0.5, 1.0, 1.01, 1.02, 1.05),
+    *(round(1.1**power, 4) for power in range(1, 13)),
+    *(4.0, 5.0, 7.5, 10.0, 20.0, 50.0, 100.0),
+)
 
 
 class Meter:
@@ -74,8 +81,13 @@ class Meter:
     def flushed(self, outcome: str) -> None:
         """A buffered counter's flush ended: ``moved`` something, ``idle``, ``failed``."""
 
-    def flush_lag(self, seconds: float) -> None:
-        """A scheduled flush moved increments made at most ``seconds`` ago."""
+    def flushes_every(self, interval: float) -> None:
+        """A buffered counter is flushed every ``interval`` seconds: its lag series start
+        at 0."""
+
+    def flush_lag(self, interval: float, seconds: float) -> None:
+        """A scheduled flush of a counter flushed every ``interval`` seconds moved
+        increments made at most ``seconds`` ago."""
 
     def lost_race(self) -> None:
         """A flush's compare-and-set found another flush had advanced the record first."""
@@ -203,12 +215,8 @@ class _PrometheusMeter(Meter):
         self._flushes = prom.Counter(
             "shardkit_flushes", "Buffered counters' flushes, by outcome.", ["outcome"], **where
         )
-        self._lag = prom.Histogram(
-            "shardkit_flush_lag_seconds",
-            "Age of the oldest increment a scheduled flush moved to the store.",
-            buckets=_LAG_SECONDS,
-            **where,
-        )
+        self._lags = _Lags(prom)
+        (prom.REGISTRY if registry is None else registry).register(self._lags)
         self._races = prom.Counter(
             "shardkit_flush_races_lost",
             "Flush compare-and-sets that found another flush's record (retried).",
@@ -259,8 +267,11 @@ class _PrometheusMeter(Meter):
     def flushed(self, outcome: str) -> None:
         self._flushes.labels(outcome).inc()
 
-    def flush_lag(self, seconds: float) -> None:
-        self._lag.observe(seconds)
+    def flushes_every(self, interval: float) -> None:
+        self._lags.child(interval)
+
+    def flush_lag(self, interval: float, seconds: float) -> None:
+        self._lags.child(interval).observe(seconds)
 
     def lost_race(self) -> None:
         self._races.inc()
@@ -274,3 +285,48 @@ class _PrometheusMeter(Meter):
 
     def running(self, job: str, change: int) -> None:
         self._running.labels(job).inc(change)
+
+
+class _Lags:
+    """``shardkit_flush_lag_seconds``, labelled by the counters' ``interval``: one
+    histogram per interval, each with buckets placed around it (``_LAG_INTERVALS``), and
+    collected as one family. The histograms are not registered themselves (a registry
+    takes a name once); in multiprocess mode their samples are summed from the processes'
+    files like any other."""
+
+    _NAME = "shardkit_flush_lag_seconds"
+    _HELP = (
+        "Age of the oldest increment a scheduled flush moved to the store, by the counter's "
+        "flush interval (seconds)."
+    )
+
+    def __init__(self, prom: Any) -> None:
+        self._prom = prom
+        self._histograms: dict[float, Any] = {}
+        self._children: dict[float, Any] = {}
+        self._lock = threading.Lock()
+
+    def child(self, interval: float) -> Any:
+        """The histogram of counters flushed every ``interval`` seconds, made once."""
+        child = self._children.get(interval)
+        if child is None:
+            with self._lock:
+                if interval not in self._children:
+                    buckets = [interval * times for times in _LAG_INTERVALS]
+                    histogram = self._prom.Histogram(
+                        self._NAME, self._HELP, ["interval"], buckets=buckets, registry=None
+                    )
+                    self._histograms[interval] = histogram
+                    self._children[interval] = histogram.labels(f"{interval:g}")
+                child = self._children[interval]
+        return child
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> list[Any]:
+        family = self._prom.core.Metric(self._NAME, self._HELP, "histogram")
+        for histogram in list(self._histograms.values()):
+            for metric in histogram.collect():
+                family.samples += metric.samples
+        return [family]

@@ -6,6 +6,7 @@ and bad input."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import subprocess
@@ -40,7 +41,7 @@ from backends import (
 )
 from servers import RedisServer, running, unavailable
 from shardkit.monitor.asgi import dashboard
-from shardkit.monitor.exporter import serve
+from shardkit.monitor.exporter import registry, serve
 from shardkit.store.sql import SqlStore
 
 TOKEN = "a-token-long-enough"
@@ -141,6 +142,7 @@ def test_a_scheduled_flush_reports_its_lag(kit: shardkit.Kit, name: str) -> None
     try:
         before = scrape(url)
         hits = kit.buffered(name, interval=0.2)
+        declared = scrape(url)
         began = time.time() // 0.2 * 0.2  # the start of the interval the increment falls in
         hits.incr(3)
         wait_for(lambda: hits.parts().stored == 3, "the scheduled flush", 10)
@@ -148,11 +150,25 @@ def test_a_scheduled_flush_reports_its_lag(kit: shardkit.Kit, name: str) -> None
         after = scrape(url)
     finally:
         server.close()
-    assert change(before, after, "shardkit_flush_lag_seconds_count") == 1
+    # The counter's interval has its series from the counter's making, at 0.
+    assert ("shardkit_flush_lag_seconds_count", frozenset({("interval", "0.2")})) in declared
+    assert change(before, after, "shardkit_flush_lag_seconds_count", interval="0.2") == 1
     # From the start of the interval to the flush: at least the interval (a flush runs
     # once its interval has ended), at most what passed until the flush was seen.
-    lag = change(before, after, "shardkit_flush_lag_seconds_sum")
+    lag = change(before, after, "shardkit_flush_lag_seconds_sum", interval="0.2")
     assert 0.2 <= lag <= flushed_by - began
+    # The buckets are the interval's multiples, dense just above it: 0.2, 0.202, 0.204,
+    # 0.21, 0.22, then 10 % apart up to three intervals.
+    bounds = sorted(
+        float(dict(labels)["le"])
+        for (sample_name, labels) in after
+        if sample_name == "shardkit_flush_lag_seconds_bucket" and dict(labels)["interval"] == "0.2"
+    )
+    assert bounds[1:6] == pytest.approx([0.2, 0.202, 0.204, 0.21, 0.22])
+    dense = [bound for bound in bounds if 0.2 <= bound <= 3 * 0.2 * 1.1]
+    assert all(high / low < 1.1001 for low, high in itertools.pairwise(dense))
+    assert dense[-1] >= 3 * 0.2
+    assert bounds[-1] == float("inf")
 
 
 def test_a_cache_outage_is_ridden_out_and_counted(sqlite_url: str, name: str) -> None:
@@ -208,6 +224,42 @@ def test_a_prefork_servers_processes_are_summed(sqlite_url: str, name: str, tmp_
             served.wait(10)
     assert sample(got, "shardkit_write_seconds_count", kind="sharded", outcome="applied") == 120
     assert sample(got, "shardkit_value", counter=name, kind="sharded") == 120
+
+
+def test_the_live_gauges_of_killed_processes_leave_the_sum(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes each visit a range of a job of their own; one is SIGKILLed (no
+    ``mark_process_dead``, not reaped): once it has ended its range is no longer running,
+    the survivor's still is."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    engine = sa.create_engine(sqlite_url)
+    with contextlib.ExitStack() as stack:
+        table = stack.enter_context(numbered_table(engine, "live", 50))
+        jobs: list[str] = []
+        processes: list[subprocess.Popen[str]] = []
+        for _ in range(2):
+            command = [sys.executable, str(SUPPORT / "running_job.py"), sqlite_url, PREFIX]
+            process = stack.enter_context(
+                subprocess.Popen([*command, table.name], env=env, stdout=subprocess.PIPE, text=True)
+            )
+            stack.callback(process.kill)
+            processes.append(process)
+            assert process.stdout is not None
+            jobs.append(process.stdout.readline().strip())
+        collected = registry(None)
+
+        def running(job: str) -> float | None:
+            value = collected.get_sample_value("shardkit_job_ranges_running", {"job_id": job})
+            return None if value is None else float(value)
+
+        assert [running(job) for job in jobs] == [1, 1]
+        processes[0].kill()  # and not reaped: a zombie has ended too
+        wait_for(lambda: running(jobs[0]) is None, "the killed process' range to leave", 30)
+        assert running(jobs[1]) == 1
+    engine.dispose()
 
 
 # -- the dashboard's API ---------------------------------------------------------------

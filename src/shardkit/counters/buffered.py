@@ -146,6 +146,7 @@ class BufferedCore:
         # child's copy must never retire its parent's live generation.
         self._started: list[tuple[int, int]] = []  # (pid, generation)
         self._scheduled: tuple[int, int] | None = None  # (pid, interval number)
+        metrics.meter.flushes_every(self.interval)
 
     def __repr__(self) -> str:
         return (
@@ -271,7 +272,7 @@ class BufferedCore:
             yield from call(
                 Executor.submit,
                 FLUSH,
-                {"name": self.name, "since": number * self.interval},
+                {"name": self.name, "since": number * self.interval, "interval": self.interval},
                 delay=delay,
                 dedupe=f"flush:{self.name}:{number}",
                 window=self.interval,
@@ -417,11 +418,12 @@ def read_parts(options: Options, names: Iterable[str]) -> Program[dict[str, Part
 def scheduled_flush(options: Options, args: Mapping[str, Any]) -> Program[dict[str, int]]:
     """The executor's ``flush`` task: flush the counter ``args["name"]``, and report the
     flush's lag: from ``args["since"]``, the start of the interval whose first increment
-    scheduled it (its oldest increment, unless an earlier flush failed), to now."""
+    scheduled it (its oldest increment, unless an earlier flush failed), to now, by the
+    counter's ``args["interval"]``."""
     moved = yield from flush_counters(options, [check_name(args["name"])])
-    since = args.get("since")
-    if moved and isinstance(since, int | float):
-        metrics.meter.flush_lag(time.time() - since)
+    since, interval = args.get("since"), args.get("interval")
+    if moved and isinstance(since, int | float) and isinstance(interval, int | float):
+        metrics.meter.flush_lag(interval, time.time() - since)
     return moved
 
 

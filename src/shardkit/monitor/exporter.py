@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shardkit.errors import ShardkitError
@@ -132,14 +133,55 @@ class _Recorded:
         return iter(self._registry.collect())
 
 
+class _LiveProcesses:
+    """prometheus_client's multiprocess collector over ``path``, which first drops the
+    live gauges (``shardkit_job_ranges_running``) of processes that have ended, however
+    they ended (a SIGKILLed worker, a Celery pool child): their share leaves the sum at
+    the next scrape. The processes must share this one's pid namespace (one host, one
+    container), as the directory's files are named by pid."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._collector = prometheus().multiprocess.MultiProcessCollector(None, path)
+
+    def describe(self) -> Iterable[Any]:
+        return []
+
+    def collect(self) -> Iterable[Any]:
+        for file in Path(self._path).glob("gauge_live*_*.db"):
+            pid = file.stem.rsplit("_", 1)[1]
+            if pid.isdigit() and not _alive(int(pid)):
+                prometheus().multiprocess.mark_process_dead(int(pid), self._path)
+        return self._collector.collect()  # type: ignore[no-any-return]
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (an unreaped zombie has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
 def registry(kit: Kit | None, counters: Sequence[str] = ()) -> Any:
     """A prometheus_client registry of everything shardkit exposes: the recorded metrics
-    (every process's, under ``$PROMETHEUS_MULTIPROC_DIR``; else this one's) and, given a
-    (sync) ``kit``, a ``KitCollector`` on it with ``counters`` listed."""
+    (every process's, under ``$PROMETHEUS_MULTIPROC_DIR``, without the live gauges of
+    processes that have ended; else this one's) and, given a (sync) ``kit``, a
+    ``KitCollector`` on it with ``counters`` listed."""
     prom = prometheus()
     collected = prom.CollectorRegistry(auto_describe=False)
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        prom.multiprocess.MultiProcessCollector(collected)
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if path:
+        collected.register(_LiveProcesses(path))
     else:
         collected.register(_Recorded(prom.REGISTRY))
     if kit is not None:
