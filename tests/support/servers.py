@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import pwd
 import shutil
@@ -24,6 +25,8 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -563,6 +566,69 @@ class Writers:
             after = [ok for began, ok in calls if began >= answered_at]
             counts.append(after.index(True) if True in after else len(after))
         return counts
+
+
+class PrometheusServer(Server):
+    """Debian's ``prometheus``, scraping ``targets`` (``host:port``) every second and
+    evaluating ``rules`` every second, its TSDB in its directory. ``query(expr, at)``
+    evaluates PromQL through its HTTP API."""
+
+    name = "prometheus"
+    stop_signal = signal.SIGTERM
+
+    def __init__(self, targets: list[str], rules: Path) -> None:
+        if not shutil.which("prometheus"):
+            unavailable("prometheus is not installed (Debian's package 'prometheus')")
+        super().__init__()
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(rules)],
+            "scrape_configs": [
+                {"job_name": "shardkit", "static_configs": [{"targets": targets}]},
+            ],
+        }
+        (self.dir / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        return [
+            "prometheus",
+            f"--config.file={self.dir / 'prometheus.yml'}",
+            f"--storage.tsdb.path={self.dir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--log.level=warn",
+        ]
+
+    def answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    def api(self, path: str, **params: object) -> Any:
+        """The ``data`` of ``GET /api/v1/{path}?{params}``; fails the test on an error."""
+        query = urllib.parse.urlencode(params)
+        with urllib.request.urlopen(f"{self.url}/api/v1/{path}?{query}", timeout=30) as response:
+            answer = json.load(response)
+        assert answer["status"] == "success", answer
+        return answer["data"]
+
+    def query(self, expr: str, at: float) -> dict[frozenset[tuple[str, str]], float]:
+        """``expr`` evaluated at time ``at``: each series' value by its labels (without
+        ``__name__``)."""
+        data = self.api("query", query=expr, time=f"{at:.3f}")
+        if data["resultType"] == "scalar":
+            return {frozenset(): float(data["result"][1])}
+        return {
+            frozenset(
+                (label, value) for label, value in series["metric"].items() if label != "__name__"
+            ): float(series["value"][1])
+            for series in data["result"]
+        }
 
 
 class Cutter:
