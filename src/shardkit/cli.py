@@ -719,21 +719,58 @@ def dashboard(
 @main.command()
 @click.option("--writers", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option("--seconds", type=click.FloatRange(0.1, 60), default=3.0, show_default=True)
+@json_option
 @pass_context
-def demo(context: Context, writers: int, seconds: float) -> None:
+def demo(context: Context, writers: int, seconds: float, as_json: bool) -> None:
     """Race writer processes on one hot counter (a naive single row, sharded, buffered),
-    then map over a generated table with a progress bar.
+    then map over a generated table with a progress bar. Exits 1 unless every total is
+    exact.
 
     Runs on a temporary SQLite file unless --store is given.
-    """
+
+    --json: {"store", "cache", "seconds", "exact", "races": [{"mode", "writers", "ops",
+    "ops_per_second", "counted", "exact"}], "map": {"state", "rows", "pages", "ranges",
+    "depth", "exact"}}, printed at the end."""
     from rich.console import Console
 
     from shardkit.demo import run_demo
 
-    # The demo's own text is styled with Rich markup (the URLs in it escaped).
-    shows = Console(highlight=False, emoji=False, soft_wrap=True)
-    if not shows.is_terminal:
-        shows.width = 1_000_000
-    if not run_demo(context.store, context.cache, writers=writers, seconds=seconds, console=shows):
+    shows = None
+    if not as_json:
+        # The demo's own text is styled with Rich markup (the URLs in it escaped).
+        shows = Console(highlight=False, emoji=False, soft_wrap=True)
+        if not shows.is_terminal:
+            shows.width = 1_000_000
+    result = run_demo(context.store, context.cache, writers=writers, seconds=seconds, console=shows)
+    if as_json:
+        mapped = result.mapped
+        _emit(
+            {
+                "store": result.store,
+                "cache": result.cache,
+                "seconds": result.seconds,
+                "exact": result.exact,
+                "races": [
+                    {
+                        "mode": race.mode,
+                        "writers": race.writers,
+                        "ops": race.ops,
+                        "ops_per_second": round(race.rate, 1),
+                        "counted": race.counted,
+                        "exact": race.exact,
+                    }
+                    for race in result.races
+                ],
+                "map": {
+                    "state": mapped.state,
+                    "rows": mapped.rows,
+                    "pages": mapped.pages,
+                    "ranges": mapped.ranges,
+                    "depth": mapped.depth,
+                    "exact": mapped.exact,
+                },
+            }
+        )
+    if not result.exact:
         _error("a final total was not exact")
         sys.exit(1)

@@ -313,20 +313,70 @@ def buffered_writer(target: Target) -> Iterator[Op]:
 # -- the demo --------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Race:
+    """One mode of the demo's race: what its writers had acknowledged, and what the
+    counter held after."""
+
+    mode: str
+    writers: int
+    ops: int
+    rate: float
+    counted: int
+
+    @property
+    def exact(self) -> bool:
+        return self.counted == self.ops
+
+
+@dataclass(frozen=True)
+class Mapped:
+    """The demo's mapping job: how it ended, and whether every row ended exactly +10."""
+
+    state: str
+    rows: int
+    pages: int
+    ranges: int
+    depth: int
+    exact: bool
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    """What ``run_demo`` did: the race of each mode, then the mapping job."""
+
+    store: str
+    cache: str
+    seconds: float
+    races: list[Race]
+    mapped: Mapped
+
+    @property
+    def exact(self) -> bool:
+        """Every total exact, and every row mapped exactly once."""
+        return self.mapped.exact and all(race.exact for race in self.races)
+
+
 def run_demo(
     store_url: str | None,
     cache_url: str | None,
     *,
     writers: int = 4,
     seconds: float = 3.0,
-    console: Console,
-) -> bool:
+    console: Console | None = None,
+) -> DemoResult:
     """Race ``writers`` processes on one hot counter for ``seconds``: on a single row, on
-    a sharded counter, on a buffered counter; print a table. True iff every total is
-    exact."""
+    a sharded counter, on a buffered counter; then add 10 to every row of a generated
+    table with ``kit.map``. Shown on ``console`` as it goes (a table, a progress bar),
+    if one is given."""
     if writers < 1 or not seconds > 0:
         raise ValueError("writers must be ≥ 1 and seconds > 0")
     tag = uuid.uuid4().hex[:12]
+    say = console.print if console is not None else _quiet
+
+    def status(text: str) -> AbstractContextManager[Any]:
+        return console.status(text) if console is not None else contextlib.nullcontext()
+
     with contextlib.ExitStack() as stack:
         if store_url is None:
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="shardkit-demo-"))
@@ -346,49 +396,56 @@ def run_demo(
             stack.callback(_forget_counter, kit.store, counter.name)
             stack.callback(_forget_counter, kit.store, buffered.name)
 
-        console.print(
+        say(
             f"[bold]{writers}[/] writer processes, {seconds:g} s each, "
             f"store [cyan]{escape(kit.store.url)}[/], cache [cyan]{escape(kit.cache.url)}[/]"
         )
         crew = stack.enter_context(Crew(writers))
-        with console.status(f"naive: {writers} writers on one row…"):
+        with status(f"naive: {writers} writers on one row…"):
             naive = crew.run(naive_writer, Target(store_url, cache_url, table.name), seconds)
-        with console.status(f"sharded: {writers} writers on {DEMO_SHARDS} shards…"):
+        with status(f"sharded: {writers} writers on {DEMO_SHARDS} shards…"):
             sharded = crew.run(sharded_writer, Target(store_url, cache_url, counter.name), seconds)
-        with console.status(f"buffered: {writers} writers into the cache…"):
+        with status(f"buffered: {writers} writers into the cache…"):
             target = Target(store_url, cache_url, buffered.name)
             buffering = crew.run(buffered_writer, target, seconds)
 
         with engine.connect() as conn:
             naive_total = int(conn.execute(sa.select(table.c.n)).scalar_one())
-        results = [
-            ("naive", naive, naive_total),
-            ("sharded", sharded, counter.value(fresh=True)),
-            ("buffered", buffering, buffered.value()),
+        races = [
+            Race(mode, writers, phase.ops, phase.rate, total)
+            for mode, phase, total in (
+                ("naive", naive, naive_total),
+                ("sharded", sharded, counter.value(fresh=True)),
+                ("buffered", buffering, buffered.value()),
+            )
         ]
-        console.print(_table(results, writers, naive.rate))
+        say(_table(races))
         if engine.dialect.name == "sqlite":
-            console.print(
+            say(
                 "[dim]SQLite serialises all writers on one database lock, so sharding shows "
                 "its gain on PostgreSQL/MySQL "
                 "([bold]shardkit --store postgresql://HOST/DB demo[/]).[/]"
             )
         else:
-            console.print(
+            say(
                 "[dim]Naive writers queue on one row lock; sharded writers each write "
                 "their own row.[/]"
             )
-        console.print(
+        say(
             "[dim]Buffered writers count in the cache and flush to the store every "
             f"{DEMO_INTERVAL:g} s (with memory:// each process has its own cache).[/]"
         )
         mapped = _map_demo(kit, engine, tag, console)
-        return mapped and all(total == phase.ops for _, phase, total in results)
+        return DemoResult(kit.store.url, kit.cache.url, seconds, races, mapped)
 
 
-def _map_demo(kit: Kit, engine: sa.Engine, tag: str, console: Console) -> bool:
+def _quiet(*shown: object) -> None:
+    """Shows nothing (``run_demo`` without a console)."""
+
+
+def _map_demo(kit: Kit, engine: sa.Engine, tag: str, console: Console | None) -> Mapped:
     """Add 10 to every row of a generated table with ``kit.map`` (transactional), showing
-    its progress; True iff every row ended exactly +10."""
+    its progress on ``console`` if given."""
     accounts = sa.Table(
         f"shardkit_demo_accounts_{tag}",
         sa.MetaData(),
@@ -409,12 +466,16 @@ def _map_demo(kit: Kit, engine: sa.Engine, tag: str, console: Console) -> bool:
                 .values(balance=accounts.c.balance + 10)
             )
 
-        console.print(
-            f"\n[bold]kit.map[/]: add 10 to each of {DEMO_ROWS:,} rows, page by page, on "
-            f"{kit.executor.url}; ranges split as they go"
-        )
         job = kit.map(accounts, add_credit, transactional=True, page_size=DEMO_PAGE)
-        status = watch(job, console)
+        if console is None:
+            job.wait()
+            status = job.status()
+        else:
+            console.print(
+                f"\n[bold]kit.map[/]: add 10 to each of {DEMO_ROWS:,} rows, page by page, on "
+                f"{kit.executor.url}; ranges split as they go"
+            )
+            status = watch(job, console)
         with engine.connect() as conn:
             balances: dict[int, int] = dict(
                 conn.execute(
@@ -422,33 +483,35 @@ def _map_demo(kit: Kit, engine: sa.Engine, tag: str, console: Console) -> bool:
                 ).all()
             )
         exact = balances == {10: DEMO_ROWS}
-        mark = "[green]✓ every row exactly +10[/]" if exact else f"[red]✗ {balances}[/]"
-        console.print(
-            f"{status.state}: {status.rows:,} rows in {status.pages:,} pages, "
-            f"{status.done:,} ranges, tree depth {status.depth}  {mark}"
-        )
+        if console is not None:
+            mark = "[green]✓ every row exactly +10[/]" if exact else f"[red]✗ {balances}[/]"
+            console.print(
+                f"{status.state}: {status.rows:,} rows in {status.pages:,} pages, "
+                f"{status.done:,} ranges, tree depth {status.depth}  {mark}"
+            )
         _forget_job(kit, job.id)
-        return exact
+        return Mapped(status.state, status.rows, status.pages, status.done, status.depth, exact)
     finally:
         accounts.drop(engine)
 
 
-def _table(results: list[tuple[str, Phase, int]], writers: int, naive_rate: float) -> Table:
+def _table(races: list[Race]) -> Table:
     """The race's results: acknowledged ops beside what the counter holds (exact when
     they are equal)."""
     table = Table(title="One hot counter")
     for column in ("mode", "writers", "ops", "ops/s", "vs naive", "counted"):
         table.add_column(column, justify="left" if column == "mode" else "right")
     table.add_column("exact", justify="center")
-    for mode, phase, total in results:
+    naive_rate = races[0].rate
+    for race in races:
         table.add_row(
-            mode,
-            str(writers),
-            f"{phase.ops:,}",
-            f"{phase.rate:,.0f}",
-            f"{phase.rate / naive_rate:.2f}x",
-            f"{total:,}",
-            "[green]✓[/]" if total == phase.ops else "[red]✗[/]",
+            race.mode,
+            str(race.writers),
+            f"{race.ops:,}",
+            f"{race.rate:,.0f}",
+            f"{race.rate / naive_rate:.2f}x",
+            f"{race.counted:,}",
+            "[green]✓[/]" if race.exact else "[red]✗[/]",
         )
     return table
 
@@ -471,8 +534,11 @@ def _forget_counter(store: SqlStore, name: str) -> None:
 
 __all__ = [
     "Crew",
+    "DemoResult",
+    "Mapped",
     "Op",
     "Phase",
+    "Race",
     "Rated",
     "Setup",
     "Target",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -113,6 +114,29 @@ def test_demo_races_counters_then_maps_and_checks_the_totals() -> None:
     assert "✗" not in result.stdout
     assert result.stdout.count("✓") == 4
     assert "complete: 20,000 rows" in result.stdout
+
+
+@pytest.mark.slow
+def test_demo_json_is_one_object_of_the_race_and_the_job(tmp_path: Path) -> None:
+    """With --json the demo prints one object and nothing else; its totals are what the
+    counters hold (a broken count would make ``exact`` false and exit 1)."""
+    store = f"sqlite:///{tmp_path / 'demo.db'}"
+    command = ["--store", store, "demo", "--writers", "2", "--seconds", "0.5", "--json"]
+    result = CliRunner().invoke(main, command)
+    assert result.exit_code == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert set(shown) == {"store", "cache", "seconds", "exact", "races", "map"}
+    assert (shown["store"], shown["cache"], shown["seconds"]) == (store, "memory://", 0.5)
+    assert [race["mode"] for race in shown["races"]] == ["naive", "sharded", "buffered"]
+    for race in shown["races"]:
+        assert set(race) == {"mode", "writers", "ops", "ops_per_second", "counted", "exact"}
+        assert race["ops"] == race["counted"] > 0
+        assert race["writers"] == 2
+        assert race["exact"] is True
+    assert shown["map"]["state"] == "complete"
+    assert shown["map"]["rows"] == 20_000
+    assert shown["map"]["exact"] is True
+    assert shown["exact"] is True
 
 
 @pytest.fixture
