@@ -4,7 +4,8 @@
 
     SHARDKIT = {
         "STORE": "default",             # the Django database alias of shardkit's tables
-        "CACHE": "redis://localhost:6379/0",  # a cache URL or a live client; memory://
+        "CACHE": "redis://localhost:6379/0",  # a cache URL, a live client, or an entry
+                                        # of CACHES (a Redis one) whose client to share
         "EXECUTOR": None,               # None (threads of this process), a Celery app, an
                                         # Executor, or the import path of either
         "PREFIX": "shardkit_",          # table names (migrate creates them anew if changed)
@@ -81,6 +82,32 @@ def migration_store(schema_editor: Any) -> DjangoStore:
     return store_on(schema_editor.connection.alias)
 
 
+def _cache(value: Any) -> Any:
+    """The cache a setting names: a URL or a live client as they are, or the alias of an
+    entry of ``CACHES``, whose Redis client is shared (Django's ``RedisCache`` or
+    django-redis': the same connection pool, the server its ``LOCATION`` names first)."""
+    if not isinstance(value, str) or "://" in value:
+        return value
+    entries = getattr(settings, "CACHES", {})
+    if value not in entries:
+        raise ConfigurationError(
+            f"SHARDKIT['CACHE'] is a cache URL or an entry of CACHES "
+            f"({', '.join(map(repr, entries)) or 'none'}), not {value!r}"
+        )
+    from django.core.cache import caches
+
+    backend: Any = caches[value]
+    module = type(backend).__module__
+    if module == "django.core.cache.backends.redis":
+        return backend._cache.get_client(write=True)
+    if module.startswith("django_redis") and type(backend.client).__name__ != "ShardClient":
+        return backend.client.get_client(write=True)
+    raise ConfigurationError(
+        f"CACHES[{value!r}] is a {type(backend).__name__} ({module}): shardkit shares the "
+        "client of a Redis cache (Django's RedisCache, django-redis); give it a URL instead"
+    )
+
+
 def _executor(value: Any) -> Executor | None:
     """The executor a setting names: None, an Executor, a Celery app, or an import path
     (``"proj.celery:app"``) of either."""
@@ -124,7 +151,7 @@ def _build() -> Kit:
     try:
         return build(
             DjangoStore(option["STORE"], prefix=option["PREFIX"]),
-            open_cache(option["CACHE"]),
+            open_cache(_cache(option["CACHE"])),
             prefix=option["PREFIX"],
             cache_ttl=option["CACHE_TTL"],
             max_shards=option["MAX_SHARDS"],
