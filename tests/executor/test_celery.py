@@ -114,10 +114,10 @@ def test_a_real_worker_runs_the_scheduled_flushes(
     counters = [kit.buffered(name, interval=INTERVAL) for kit in kits]
     sums = [0] * WRITERS
     counts = [0] * WRITERS
-    until = time.time() + 5 * INTERVAL
 
     def write(slot: int) -> None:
         rng = random.Random()
+        until = time.time() + 5 * INTERVAL  # from the thread's start: a late one writes as long
         while time.time() < until or counts[slot] <= 10:  # several intervals, 11 writes
             delta = rng.choice((-1, 1)) * rng.randint(1, 1000)
             counters[slot].incr(delta)

@@ -54,7 +54,7 @@ class Workers:
         number = len(self.started)
         config = replace(self.config, fault=fault)
         path = os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))
-        # Not Django workers: pytest-django has put the example site's settings in the
+        # Not Django workers: pytest-django has put the tests' site settings in the
         # environment, and Celery would set Django up for a worker that has them.
         inherited = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
         env = {**inherited, **config.environ(), "PYTHONPATH": path, **(env or {})}

@@ -1,18 +1,13 @@
-"""An example Django site using shardkit: videos with sharded and buffered counts.
-
-Its "default" database is a SQLite file; a "postgres" database is configured too when
-its server answers (always under CI=true, so that CI fails loudly without it), which
-is how the tests run everything on both.
+"""An example Django site using shardkit: videos with sharded and buffered counts, on a
+SQLite file (the tests add a PostgreSQL database: ``tests/support/site_settings.py``).
 """
 
 from __future__ import annotations
 
 import os
-import socket
-import tempfile
-import uuid
 from pathlib import Path
-from urllib.parse import urlsplit
+
+import django
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -54,49 +49,23 @@ TEMPLATES = [
     }
 ]
 
-# The test databases are named for the test run (subprocesses inherit it), so that runs
-# at the same time on one server never meet.
-_TEST_RUN = os.environ.setdefault("SHARDKIT_DJANGO_TEST_RUN", uuid.uuid4().hex[:8])
-
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": BASE_DIR / "db.sqlite3",
-        # Writers take the write lock when their transaction begins, and wait for it.
-        "OPTIONS": {
-            "transaction_mode": "IMMEDIATE",
-            "timeout": 30,
-            "init_command": "PRAGMA journal_mode=WAL;",
-        },
-        "TEST": {"NAME": Path(tempfile.gettempdir()) / f"shardkit-django-{_TEST_RUN}.sqlite3"},
+        # Writers take the write lock when their transaction begins, and wait for it
+        # (Django 5.1 and later; 4.2 takes the default).
+        "OPTIONS": (
+            {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+                "init_command": "PRAGMA journal_mode=WAL;",
+            }
+            if django.VERSION >= (5, 1)
+            else {"timeout": 30}
+        ),
     },
 }
-
-_POSTGRES = urlsplit(
-    os.environ.get("SHARDKIT_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
-)
-
-
-def _answers(host: str, port: int) -> bool:
-    try:
-        socket.create_connection((host, port), timeout=1).close()
-    except OSError:
-        return False
-    return True
-
-
-if os.environ.get("CI", "").lower() == "true" or _answers(
-    _POSTGRES.hostname or "127.0.0.1", _POSTGRES.port or 5432
-):
-    DATABASES["postgres"] = {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": _POSTGRES.path.lstrip("/") or "test",
-        "USER": _POSTGRES.username or "postgres",
-        "PASSWORD": _POSTGRES.password or "",
-        "HOST": _POSTGRES.hostname or "127.0.0.1",
-        "PORT": _POSTGRES.port or 5432,
-        "TEST": {"NAME": f"test_shardkit_django_{_TEST_RUN}"},
-    }
 
 SHARDKIT = {
     "STORE": "default",

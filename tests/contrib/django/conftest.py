@@ -2,8 +2,8 @@
 
 A test's models and shardkit's tables are on one database, ``database``: a router
 sends every model there and the app's ``SHARDKIT['STORE']`` names it. PostgreSQL is
-configured by the site's settings when its server answers; without it those tests
-skip, and fail when CI=true.
+configured by the tests' settings (``site_settings.py``) when its server answers;
+without it those tests skip, and fail when CI=true.
 """
 
 from __future__ import annotations
