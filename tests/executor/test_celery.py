@@ -186,6 +186,30 @@ def test_a_real_worker_runs_the_scheduled_flushes(
 
 
 @pytest.mark.slow
+def test_celery_beat_runs_flush_all_on_the_documented_schedule(
+    config: Config, records: redis.Redis, workers: Workers, kits: list[shardkit.Kit], name: str
+) -> None:
+    """A real ``celery beat`` on the README's schedule sends ``shardkit.flush_all``; a
+    worker runs it, and it moves what a counter flushed hourly has pending."""
+    counter = kits[0].buffered(name, interval=3600)  # its own flush is up to an hour away
+    for _ in range(7):
+        counter.incr(3)
+    assert counter.parts() == (0, 21)
+    workers.start()
+    workers.beat()
+    wait_for(
+        lambda: counter.parts() == (21, 0),
+        "flush_all from beat to move the pending increments",
+        DEADLINE,
+        workers.status,
+    )
+    ended = _ran(records, config, "end", "flush_all")
+    assert ended
+    assert {run["state"] for run in ended} == {"SUCCESS"}
+    assert _ran(records, config, "start", "flush") == []  # not the counter's own flush
+
+
+@pytest.mark.slow
 def test_workers_killed_mid_flush_lose_and_double_nothing(
     config: Config, records: redis.Redis, workers: Workers, kits: list[shardkit.Kit], name: str
 ) -> None:

@@ -46,6 +46,7 @@ FAULT_PROBABILITY = 0.5
 # the task of a killed child comes back through reject_on_worker_lost, not this timeout.
 VISIBILITY_TIMEOUT = 10
 QUEUE_EXPIRES = 120.0  # seconds a queue nobody uses lives on (earlier runs' queues go)
+BEAT_EVERY = 1.0  # seconds between the beat schedule's flush_all tasks
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,15 @@ def make_app(config: Config) -> Celery:
             # Look for the unacknowledged tasks of a killed worker every second.
             "unacked_restore_interval": 1,
             "unacked_restore_throttle": 1,
+        },
+        # What the README's beat schedule is, every second (a ``celery beat`` a test
+        # starts sends it; workers alone ignore it).
+        beat_schedule={
+            "shardkit-flush-all": {
+                "task": "shardkit.flush_all",
+                "schedule": BEAT_EVERY,
+                "options": {"queue": config.queue},
+            }
         },
     )
     return app

@@ -44,6 +44,7 @@ class Workers:
         self.records = records
         self.logs = logs
         self.started: list[subprocess.Popen[bytes]] = []
+        self.beats: list[subprocess.Popen[bytes]] = []
 
     def start(
         self, pool: str = "prefork", fault: str = "", env: Mapping[str, str] | None = None
@@ -53,11 +54,7 @@ class Workers:
         a task before it says it is ready)."""
         number = len(self.started)
         config = replace(self.config, fault=fault)
-        path = os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))
-        # Not Django workers: pytest-django has put the tests' site settings in the
-        # environment, and Celery would set Django up for a worker that has them.
-        inherited = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-        env = {**inherited, **config.environ(), "PYTHONPATH": path, **(env or {})}
+        env = {**self._environ(config), **(env or {})}
         command = [
             sys.executable,
             "-m",
@@ -99,6 +96,23 @@ class Workers:
         wait_for(ready, f"worker {number} to be ready", STARTUP, self.status)
         return process
 
+    def beat(self) -> subprocess.Popen[bytes]:
+        """Start ``celery beat`` on the app's schedule (its log: ``beat.log``)."""
+        command = [sys.executable, "-m", "celery", "-A", "celery_app", "beat"]
+        command += ["-s", str(self.logs / "beat-schedule"), "--pidfile=", "-l", "info"]
+        with open(self.logs / "beat.log", "wb") as log:
+            process = subprocess.Popen(
+                command,
+                cwd=SUPPORT,
+                env=self._environ(self.config),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.beats.append(process)
+        return process
+
     def stop(self, process: subprocess.Popen[bytes]) -> None:
         """Cold shutdown (SIGQUIT: the tasks it holds go back to the broker, unacknowledged;
         nothing to wait for), then SIGKILL of its whole session if that takes too long."""
@@ -110,7 +124,23 @@ class Workers:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
 
+    @staticmethod
+    def _environ(config: Config) -> dict[str, str]:
+        """A Celery process' environment: ``config``'s, and this directory importable."""
+        path = os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))
+        # Not Django workers: pytest-django has put the tests' site settings in the
+        # environment, and Celery would set Django up for a worker that has them.
+        inherited = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+        return {**inherited, **config.environ(), "PYTHONPATH": path}
+
     def stop_all(self) -> None:
+        for process in self.beats:
+            process.terminate()
+            try:
+                process.wait(DEADLINE)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
         for process in self.started:
             self.stop(process)
             with contextlib.suppress(ProcessLookupError):  # children of a killed master
@@ -122,6 +152,9 @@ class Workers:
         for number in range(len(self.started)):
             text = (self.logs / f"worker-{number}.log").read_text(errors="replace")
             texts.append(f"--- worker {number} ---\n{text[-3000:]}")
+        if self.beats:
+            text = (self.logs / "beat.log").read_text(errors="replace")
+            texts.append(f"--- beat ---\n{text[-3000:]}")
         return "\n" + "\n".join(texts)
 
 
