@@ -59,6 +59,7 @@ from shardkit.validation import (
     check_kit_options,
     check_mapping,
     check_name,
+    check_names,
     check_shards,
     check_stripes,
 )
@@ -269,7 +270,7 @@ class KitCore(Generic[_K]):
         """The stored and pending parts of many buffered counters (``Parts.total`` is each
         one's exact value now): one store read and one cache read for all of them.
         Unknown names read ``Parts(0, 0)``."""
-        return (yield from read_parts(self._options, [check_name(name) for name in names]))
+        return (yield from read_parts(self._options, check_names(names)))
 
     def _values(self, names: Iterable[str], *, fresh: bool = False) -> Program[dict[str, int]]:
         """Values of many counters: one cache round trip for the cached ones and one
@@ -278,7 +279,7 @@ class KitCore(Generic[_K]):
         The store's values: a sharded counter's value, a buffered counter's stored part,
         an id allocator's high-water mark. A monotonic counter's value lives in the
         cache: read it with ``kit.monotonic(name).value()``."""
-        wanted = [check_name(name) for name in names]
+        wanted = check_names(names)
         options = self._options
         keys = {options.cache_key(name, "sharded:value"): name for name in wanted}
         found: dict[str, int] = {}

@@ -84,6 +84,14 @@ def check_name(name: object, what: str = "counter name") -> str:
     return name
 
 
+def check_names(names: object) -> list[str]:
+    """Return ``names`` as a list if it is an iterable of counter names (a single ``str``
+    is not: ``values("votes")`` would read ``v``, ``o``, …)."""
+    if isinstance(names, str | bytes) or not isinstance(names, Iterable):
+        raise InvalidName(f"names must be an iterable of counter names, not {type(names).__name__}")
+    return [check_name(name) for name in names]
+
+
 def check_delta(delta: object) -> int:
     """Return ``delta`` if it is an int (not a bool) within signed 64-bit."""
     if isinstance(delta, bool) or not isinstance(delta, int):

@@ -1,7 +1,7 @@
 """Hostile input, generated: every public call of every counter kind, the mapper's options
-and ``connect()`` URLs either do what they document or raise a ``ShardkitError`` (a
-``TypeError`` only for an argument of the wrong type), a refused call changes nothing,
-and no password of a URL shows in an error, a log line or a repr.
+and ``connect()`` URLs either do what they document or raise a ``ShardkitError`` (an
+argument of the wrong type too: a ``ValidationError``, never a ``TypeError``), a refused
+call changes nothing, and no password of a URL shows in an error, a log line or a repr.
 
 The oracle works both ways: the documented contract, written out here on its own
 (``valid_*``), says which inputs are valid, and a valid input must be accepted and
@@ -70,10 +70,6 @@ NUMBERS = st.one_of(  # shard counts, intervals, chances, block sizes, durations
 )
 
 
-def _wrong_type(value: object, *types: type) -> bool:
-    return isinstance(value, bool) or not isinstance(value, types)
-
-
 # -- the documented contract, written out ---------------------------------------------------
 
 MAX_SHARDS = 1000  # connect()'s default max_shards
@@ -123,13 +119,11 @@ def valid_job(job: object) -> bool:
     return job is None or (isinstance(job, str) and bool(re.fullmatch(r"[\w.:-]{1,64}", job, re.A)))
 
 
-def attempt(
-    call: Callable[[], _T], *, wrong_type: bool = False, valid: bool = False
-) -> tuple[bool, _T | None]:
+def attempt(call: Callable[[], _T], *, valid: bool = False) -> tuple[bool, _T | None]:
     """Run ``call``: (True, its result), or (False, None) when it raised a ShardkitError
-    other than a BackendError (the services are up: no input may break them), or a
-    TypeError, allowed only when ``wrong_type``. A ``valid`` call may only be refused
-    with ``CounterOverflow``. Anything else fails the test."""
+    other than a BackendError (the services are up: no input may break them). A
+    ``valid`` call may only be refused with ``CounterOverflow``. Anything else (a
+    ``TypeError`` too) fails the test."""
     try:
         return True, call()
     except BackendError:
@@ -140,16 +134,12 @@ def attempt(
         if valid:
             pytest.fail(f"a call valid by the documented contract was refused: {exc!r}")
         return False, None
-    except TypeError:
-        if not wrong_type or valid:
-            raise
-        return False, None
 
 
-def _open(open_: Callable[[], _T], name: object, wrong_type: bool, valid: bool) -> _T | None:
+def _open(open_: Callable[[], _T], name: object, valid: bool) -> _T | None:
     """The counter ``open_()`` opens, or None when it refused (a bad name or option);
     ``valid`` options must open it (each test opens one kind only)."""
-    opened, counter = attempt(open_, wrong_type=wrong_type, valid=valid)
+    opened, counter = attempt(open_, valid=valid)
     if opened:
         assert isinstance(name, str)
         assert name
@@ -175,7 +165,6 @@ def test_sharded_counters(
     counter = _open(
         lambda: big.sharded(name, shards),
         name,
-        _wrong_type(name, str) or (shards is not None and _wrong_type(shards, int)),
         valid_name(name) and valid_shards(shards),
     )
     if counter is None:
@@ -185,7 +174,6 @@ def test_sharded_counters(
         valid = valid_delta(delta) and (key is None or valid_name(key))
         done, applied = attempt(
             partial(getattr(counter, op), delta, key=key),
-            wrong_type=_wrong_type(delta, int) or not isinstance(key, str | None),
             valid=valid and (op == "incr" or delta != -(2**63)),  # -delta must fit too
         )
         after = counter.value(fresh=True)
@@ -197,9 +185,7 @@ def test_sharded_counters(
             assert after == before + (delta if op == "incr" else -delta), (op, delta)
             assert after == counter.value()  # the cached value followed
     before_shards = counter.shards
-    done, _ = attempt(
-        partial(counter.grow, grow), wrong_type=_wrong_type(grow, int), valid=valid_shards(grow)
-    )
+    done, _ = attempt(partial(counter.grow, grow), valid=valid_shards(grow))
     assert counter.shards == (max(before_shards, grow) if done else before_shards)
 
 
@@ -211,7 +197,6 @@ def test_buffered_counters(
     counter = _open(
         lambda: big.buffered(name, interval),
         name,
-        _wrong_type(name, str),
         valid_name(name) and valid_interval(interval),
     )
     if counter is None:
@@ -220,7 +205,6 @@ def test_buffered_counters(
         before = counter.value()
         done, _ = attempt(
             partial(getattr(counter, op), delta),
-            wrong_type=_wrong_type(delta, int),
             valid=type(delta) is int and abs(delta) <= MAX_DELTA,  # its documented bound
         )
         after = counter.value()
@@ -252,7 +236,6 @@ def test_monotonic_counters(
     counter = _open(
         lambda: big.monotonic(name, shards, chance),
         name,
-        _wrong_type(name, str) or (shards is not None and _wrong_type(shards, int)),
         valid_name(name) and valid_shards(shards) and valid_chance(chance),
     )
     if counter is None:
@@ -261,7 +244,6 @@ def test_monotonic_counters(
         before = counter.value()
         done, value = attempt(
             partial(counter.incr, delta),
-            wrong_type=_wrong_type(delta, int),
             valid=valid_delta(delta) and delta >= 1,  # it counts up only
         )
         if done:
@@ -278,7 +260,6 @@ def test_id_allocators(big: shardkit.Kit, name: Any, block: Any, counts: list[An
     allocator = _open(
         lambda: big.ids(name, block),
         name,
-        _wrong_type(name, str),
         valid_name(name) and _int_in(block, 1, 2**40),
     )
     if allocator is None:
@@ -290,7 +271,6 @@ def test_id_allocators(big: shardkit.Kit, name: Any, block: Any, counts: list[An
         reserved = allocator.reserved()
         done, ids = attempt(
             partial(allocator.take, count),
-            wrong_type=_wrong_type(count, int),
             valid=_int_in(count, 1, 1_000_000),
         )
         if done:
@@ -306,15 +286,12 @@ def test_id_allocators(big: shardkit.Kit, name: Any, block: Any, counts: list[An
 @fuzz
 @given(names=st.lists(NAMES, max_size=4), one=NAMES)
 def test_reading_many_counters(big: shardkit.Kit, names: list[Any], one: Any) -> None:
-    wrong = any(_wrong_type(name, str) for name in names)
     for read in (big.values, big.parts):
-        done, found = attempt(
-            partial(read, names), wrong_type=wrong, valid=all(map(valid_name, names))
-        )
+        done, found = attempt(partial(read, names), valid=all(map(valid_name, names)))
         if done:
             assert found is not None
             assert set(found) == set(names)
-    done, counter = attempt(lambda: big.get(one), wrong_type=_wrong_type(one, str))
+    done, counter = attempt(lambda: big.get(one))
     if done:
         assert counter is not None
         assert counter.name == one
@@ -363,14 +340,10 @@ def test_mapper_options(
             seen.extend(row["id"] for row in batch.rows)
 
     jobs = len(big.jobs())
-    wrong = any(_wrong_type(v, int) for v in (page_size, fanout, retries)) or not isinstance(
-        job, str | None
-    )
     done, started = attempt(
         lambda: big.map(
             tiny_table, visit, page_size=page_size, fanout=fanout, retries=retries, job=job
         ),
-        wrong_type=wrong,
         valid=_int_in(page_size, 1, 100_000)
         and _int_in(fanout, 1, 64)
         and _int_in(retries, 0, 1000)
@@ -479,7 +452,6 @@ def test_kit_options(
             max_shards=max_shards,
             key_retention=key_retention,
         ),
-        wrong_type=False,
         valid=prefix == PREFIX
         and _seconds_in(cache_ttl, 0, 30 * 24 * 3600)
         and _seconds_in(key_retention, 0, 100 * 365 * 24 * 3600, zero=True)

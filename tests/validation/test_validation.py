@@ -48,6 +48,20 @@ def test_bad_names_are_refused_and_nothing_is_created(kit: shardkit.Kit, bad: ob
     assert kit.counters() == before
 
 
+@pytest.mark.parametrize("bad", ["votes", b"votes", 42, None])
+def test_many_counters_are_read_by_a_list_of_names(
+    kit: shardkit.Kit, name: str, bad: object
+) -> None:
+    """One name where a list is wanted is refused (a str would read one counter per
+    character); names no counter has read 0, as documented."""
+    with pytest.raises(InvalidName, match="iterable of counter names"):
+        kit.values(bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidName, match="iterable of counter names"):
+        kit.parts(bad)  # type: ignore[arg-type]
+    kit.sharded(name).incr(3)
+    assert kit.values([name, f"{name}:none"]) == {name: 3, f"{name}:none": 0}
+
+
 def test_the_name_limit_is_stated(kit: shardkit.Kit) -> None:
     kit.sharded("x" * 200)
     with pytest.raises(InvalidName, match="limit is 200"):
