@@ -16,8 +16,7 @@ strings are one key: a page that ends on one holds every row of it.
 from __future__ import annotations
 
 import operator
-import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -319,22 +318,50 @@ def _may_tie(key: Key) -> bool:
     return isinstance(key, str)
 
 
+SourceAdapter = Callable[[Any, "str | Sequence[str] | None"], "Source | None"]
+"""Wraps an object of an integration's own as a ``Source`` (given the ``key`` of
+``kit.map``), or returns None for any other object."""
+
+_adapters: list[SourceAdapter] = []
+
+
+def adapt_sources(adapter: SourceAdapter) -> SourceAdapter:
+    """Register ``adapter`` (once): ``as_source`` asks it to wrap what is neither a
+    SQLAlchemy ``Table`` or ``Select`` nor a ``Source``. An integration registers its
+    own (the Django app its querysets, when Django is ready), so that the mapper knows
+    none of them. Returns ``adapter``."""
+    if adapter not in _adapters:
+        _adapters.append(adapter)
+    return adapter
+
+
 def as_source(obj: Any, key: str | Sequence[str] | None) -> Source:
-    """``obj`` as a source: a ``Source`` as it is; a Table or Select, or a Django
-    queryset (``shardkit.contrib.django.source.QuerySetSource``), wrapped."""
+    """``obj`` as a source: a ``Source`` as it is; a Table or Select wrapped; anything
+    else as a registered adapter wraps it (a Django queryset, once the Django app is
+    ready)."""
     if isinstance(obj, (sa.Table, sa.Select)):
         return TableSource(obj, key)
     if isinstance(obj, Source):
         return obj
-    django_models = sys.modules.get("django.db.models")  # loaded if obj is a queryset
-    if django_models is not None and isinstance(obj, django_models.QuerySet):
-        from shardkit.contrib.django.source import QuerySetSource
-
-        return QuerySetSource(obj, key)  # type: ignore[arg-type]
+    for adapter in _adapters:
+        source = adapter(obj, key)
+        if source is not None:
+            return source
+    hint = ""
+    if type(obj).__module__.startswith("django."):
+        hint = " (a Django queryset needs 'shardkit.contrib.django' in INSTALLED_APPS)"
     raise ConfigurationError(
         "a source is a SQLAlchemy Table or Select, a Django queryset, or a shardkit "
-        f"Source: {obj!r}"
+        f"Source: {obj!r}{hint}"
     )
 
 
-__all__ = ["Source", "Statistics", "StatisticsSource", "TableSource", "as_source"]
+__all__ = [
+    "Source",
+    "SourceAdapter",
+    "Statistics",
+    "StatisticsSource",
+    "TableSource",
+    "adapt_sources",
+    "as_source",
+]

@@ -15,21 +15,25 @@ class ShardkitConfig(AppConfig):
     counts have a counting manager (``shardkit.E001``); watches the deletes of models whose
     counts take objects seen to exist (``exists_ttl``) as existing; finds out whether each
     connection to the store's database goes through a pooler, when it is opened (counting
-    statements run prepared where none is). Its migrations create shardkit's
-    tables in the database ``SHARDKIT['STORE']``, and every ``migrate`` creates those
-    of them that are missing (a changed prefix, a table new in this version); the
-    check ``shardkit.W001`` names missing tables (see ``schema``)."""
+    statements run prepared where none is); lets ``kit.map`` take querysets. Its
+    migrations create shardkit's tables in the database ``SHARDKIT['STORE']``, and every
+    ``migrate`` creates those of them that are missing (a changed prefix, a table new in
+    this version); the check ``shardkit.W001`` names missing tables (see ``schema``)."""
 
     name = "shardkit.contrib.django"
     label = "shardkit"
     verbose_name = "shardkit"
 
     def ready(self) -> None:
+        from shardkit.mapper.source import adapt_sources
+
         from .conf import configure, reconfigure
         from .counts import check_managers, note_pooler, watch_deletes
         from .schema import check_tables, create_missing_tables
+        from .source import adapt_queryset
 
         configure()
+        adapt_sources(adapt_queryset)
         watch_deletes()
         setting_changed.connect(reconfigure, dispatch_uid="shardkit.reconfigure")
         connection_created.connect(note_pooler, dispatch_uid="shardkit.note_pooler")

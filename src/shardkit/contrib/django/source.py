@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from collections.abc import Sequence
 from typing import Any
 
 from django.apps import apps
@@ -104,3 +105,10 @@ def _rebuild(model: str, query: bytes, db: str, key: str) -> QuerySetSource:
 
 
 __all__ = ["QuerySetSource"]
+
+
+def adapt_queryset(obj: object, key: str | Sequence[str] | None) -> QuerySetSource | None:
+    """The mapper's adapter of querysets (registered when the app is ready)."""
+    if not isinstance(obj, models.QuerySet):
+        return None
+    return QuerySetSource(obj, key)  # type: ignore[arg-type]  # it refuses a sequence
