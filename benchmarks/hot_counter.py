@@ -43,17 +43,9 @@ from rich.console import Console
 from rich.table import Table
 
 import shardkit
+from harness import median_phase, ratio, run_grid
 from shardkit import metrics
-from shardkit.demo import (
-    Crew,
-    Op,
-    Phase,
-    Setup,
-    median_phase,
-    naive_table,
-    ratio,
-    run_grid,
-)
+from shardkit.demo import Crew, Op, Phase, Setup, naive_table
 from shardkit.store.sql import SqlStore, engine_from_url, unprepare_behind_pooler
 
 METERED = ("sharded+metrics", "buffered+metrics")

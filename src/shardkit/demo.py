@@ -12,17 +12,16 @@ import contextlib
 import multiprocessing
 import queue
 import random
-import statistics
 import tempfile
 import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from rich.console import Console
@@ -212,46 +211,6 @@ class Crew:
         for q in [self._reports, *self._tasks]:
             q.close()
             q.join_thread()
-
-
-def run_grid(
-    writer_counts: list[int],
-    repeat: int,
-    modes: list[str],
-    run: Callable[[Crew, int, str], None],
-    console: Console,
-    threads: int = 1,
-) -> None:
-    """Call ``run(crew, writers, mode)`` ``repeat`` times for every writer count and mode,
-    modes interleaved within each repetition, one crew (of ``threads`` threads per
-    writer) per writer count."""
-    each = "" if threads == 1 else f" x {threads} threads"
-    for writers in writer_counts:
-        with Crew(writers, threads) as crew:
-            for number in range(repeat):
-                for mode in modes:
-                    with console.status(f"{writers} writers{each}, {mode}, run {number + 1}…"):
-                        run(crew, writers, mode)
-
-
-class Rated(Protocol):
-    """A benchmark cell: repeated phases of one mode, summed up as one rate."""
-
-    @property
-    def rate(self) -> float: ...
-
-
-def ratio(cells: Mapping[tuple[int, str], Rated], writers: int, mode: str, base: str) -> str:
-    """``mode``'s rate over ``base``'s at ``writers`` writers, as ``1.23x`` (``-`` if
-    ``base`` was not measured)."""
-    if (writers, base) not in cells:
-        return "-"
-    return f"{cells[writers, mode].rate / cells[writers, base].rate:.2f}x"
-
-
-def median_phase(phases: list[Phase]) -> float:
-    """The median rate of repeated phases."""
-    return statistics.median(phase.rate for phase in phases)
 
 
 # -- the demo's writers ----------------------------------------------------------------
@@ -539,15 +498,11 @@ __all__ = [
     "Op",
     "Phase",
     "Race",
-    "Rated",
     "Setup",
     "Target",
     "buffered_writer",
-    "median_phase",
     "naive_table",
     "naive_writer",
-    "ratio",
     "run_demo",
-    "run_grid",
     "sharded_writer",
 ]
