@@ -20,7 +20,8 @@ from backends import CACHE_URLS, CLUSTER, PREFIX, STORE_URLS, Target, cache_url_
 from received import increments_received, row_writes
 from shardkit.errors import ConfigurationError, CounterOverflow, InvalidDelta
 from shardkit.store import open_store
-from shardkit.store.sql import _POOLED, SqlStore
+from shardkit.store.sql import SqlStore
+from shardkit.store.sql.engines import _POOLED
 from shardkit.validation import INT64_MAX
 
 T = TypeVar("T")

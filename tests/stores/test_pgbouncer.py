@@ -29,7 +29,8 @@ from backends import CACHE_URLS, PREFIX, ROOT, STORE_URLS, require, run_together
 from servers import PgBouncerServer, running
 from shardkit.cli import main
 from shardkit.mapper import Batch
-from shardkit.store.sql import _POOLED, SqlStore
+from shardkit.store.sql import SqlStore
+from shardkit.store.sql.engines import _POOLED
 
 WRITERS = 8
 WAIT = 60.0  # seconds: a deadline, never a pause

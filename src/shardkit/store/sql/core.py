@@ -1,0 +1,542 @@
+"""The SQL stores' rules, shared by the blocking store (``SqlStore``) and the asyncio one:
+their tables, statements and programs (``SqlCore``), run on the role ``Sql``."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from shardkit import _urls
+from shardkit._program import Program, call
+from shardkit.errors import (
+    BackendError,
+    BackendUnavailable,
+    ConfigurationError,
+    CounterKindMismatch,
+    CounterOverflow,
+    InvalidDelta,
+    ShardkitError,
+)
+from shardkit.store.base import RETIRED, CounterInfo, Flushed
+from shardkit.validation import sums_fit
+
+from .dialect import Dialect, Text, added, greatest_of
+
+_T = TypeVar("_T")
+_DEADLOCK_RETRIES = 5
+
+
+class Sql(Protocol):
+    """The role of a SQL store's driver in the store's programs: how a statement is run,
+    blocking (``SqlStore``) or on an event loop (``shardkit.aio``'s store)."""
+
+    def read(self, action: str, statement: sa.Executable, *, autocommit: bool = False) -> list[Any]:
+        """Run a query and return its rows; with ``autocommit``, outside any transaction
+        (no BEGIN or ROLLBACK around it: it sees whatever was committed before it)."""
+        ...
+
+    def transaction(self, action: str, work: Callable[[Connection], _T]) -> _T:
+        """Run ``work`` in one transaction, again if the database chose it as a deadlock
+        victim (its effects were rolled back whole, so running it again is safe)."""
+        ...
+
+    def fast_add(self, params: Mapping[str, Any]) -> None:
+        """Run the shard upsert with ``params`` in one round trip, committed at once."""
+        ...
+
+
+class SqlCore:
+    """What the sync and async SQL stores share: the tables, the statements and the rules
+    (``Store``'s methods, as programs run on the role ``Sql``).
+
+    Tables are named ``{prefix}counters``, ``{prefix}shards``, ``{prefix}keys``,
+    ``{prefix}flushed`` (what each cache generation of a buffered counter has flushed),
+    ``{prefix}maxima`` (the highest values persisted by monotonic counters),
+    ``{prefix}identity`` (the store's identity, one row), and the
+    mapper's ledger, ``{prefix}jobs`` and ``{prefix}ranges``.
+    """
+
+    combinable = True  # its writes run on connections of its own
+
+    def __init__(self, dialect: sa.Dialect, url: sa.URL, *, prefix: str) -> None:
+        self.url = url.render_as_string(hide_password=True)
+        self._password = url.password
+        self._database = url.database
+        if dialect.name not in ("sqlite", "postgresql", "mysql", "mariadb"):
+            raise ConfigurationError(f"unsupported SQL database {dialect.name!r}")
+        self.dialect = Dialect(dialect.name)
+        metadata = sa.MetaData()
+        self.counters_table = sa.Table(
+            f"{prefix}counters",
+            metadata,
+            sa.Column("name", Text(), primary_key=True),
+            sa.Column("kind", sa.String(16), nullable=False),
+            sa.Column("shards", sa.Integer, nullable=False),
+        )
+        self.shards_table = sa.Table(
+            f"{prefix}shards",
+            metadata,
+            sa.Column("name", Text(), primary_key=True),
+            sa.Column("shard", sa.Integer, primary_key=True, autoincrement=False),
+            sa.Column("value", sa.BigInteger, nullable=False),
+            # SQLite turns an integer sum past 64 bits into a REAL: refuse it instead, so
+            # an overflowing write fails and changes nothing, as on the other databases.
+            sa.CheckConstraint("typeof(value) = 'integer'").ddl_if(dialect="sqlite"),
+        )
+        self.keys_table = sa.Table(
+            f"{prefix}keys",
+            metadata,
+            sa.Column("name", Text(), primary_key=True),
+            sa.Column("key", Text(), primary_key=True),
+            sa.Column("created_at", sa.Double, nullable=False, index=True),
+        )
+        self.flushed_table = sa.Table(
+            f"{prefix}flushed",
+            metadata,
+            sa.Column("name", Text(), primary_key=True),
+            sa.Column("generation", sa.BigInteger, primary_key=True, autoincrement=False),
+            sa.Column("up", sa.BigInteger, nullable=False),
+            sa.Column("down", sa.BigInteger, nullable=False),
+            sa.Column("created_at", sa.Double, nullable=False),
+        )
+        self.identity_table = sa.Table(
+            f"{prefix}identity",
+            metadata,
+            sa.Column("one", sa.Integer, primary_key=True, autoincrement=False),  # always 1
+            sa.Column("identity", sa.String(32), nullable=False),
+        )
+        self.maxima_table = sa.Table(
+            f"{prefix}maxima",
+            metadata,
+            sa.Column("name", Text(), primary_key=True),
+            sa.Column("shard", sa.Integer, primary_key=True, autoincrement=False),
+            sa.Column("value", sa.BigInteger, nullable=False),
+        )
+        # The mapper's ledger (shardkit.mapper.ledger): its jobs and their key ranges.
+        self.jobs_table = sa.Table(
+            f"{prefix}jobs",
+            metadata,
+            sa.Column("id", sa.String(64), primary_key=True),
+            sa.Column("state", sa.String(12), nullable=False),
+            sa.Column("spec", sa.Text, nullable=False),
+            sa.Column("estimate", sa.BigInteger),
+            sa.Column("error", sa.Text),
+            sa.Column("created_at", sa.Double, nullable=False),
+            sa.Column("finished_at", sa.Double),
+        )
+        self.ranges_table = sa.Table(
+            f"{prefix}ranges",
+            metadata,
+            sa.Column("job", sa.String(64), primary_key=True),
+            sa.Column("id", sa.String(32), primary_key=True),
+            sa.Column("parent", sa.String(32)),
+            sa.Column("lo", sa.Text),
+            sa.Column("hi", sa.Text),
+            sa.Column("after", sa.Text),
+            sa.Column("state", sa.String(8), nullable=False),
+            sa.Column("depth", sa.Integer, nullable=False),
+            sa.Column("rows", sa.BigInteger, nullable=False),
+            sa.Column("planned", sa.BigInteger),  # rows its parent planned in it
+            sa.Column("pages", sa.Integer, nullable=False),
+            sa.Column("failures", sa.Integer, nullable=False),
+            sa.Column("tries", sa.Integer),  # failed attempts since its last page
+            sa.Column("error", sa.Text),
+            sa.Column("created_at", sa.Double, nullable=False),
+            sa.Column("done_at", sa.Double),
+            sa.Index(f"{prefix}ranges_state", "job", "state"),
+            sa.Index(f"{prefix}ranges_parent", "job", "parent"),
+        )
+        self.metadata = metadata
+        self._upsert_add = self.dialect.upsert(self.shards_table, {"value": added})
+        self._fold = self.dialect.upsert(self.flushed_table, {"up": added, "down": added})
+        self._raise_max = self.dialect.upsert(self.maxima_table, {"value": greatest_of})
+        self._identity: str | None = None
+        self.roles: Mapping[str, Any] = {"Sql": self}
+
+    # -- errors ------------------------------------------------------------------------
+
+    def _error(self, exc: Exception, action: str, *, lost: bool = False) -> ShardkitError:
+        """The ``BackendError`` for a failure of the store; ``BackendUnavailable`` when the
+        connection was ``lost`` (or SQLAlchemy found it so) or could not be made, and
+        ``CounterOverflow`` when the database refused a value outside signed 64-bit (so
+        nothing was written). A lost connection means the server went away: the held
+        connections are dropped too."""
+        text = _urls.scrub(str(getattr(exc, "orig", None) or exc), self._password)
+        detail = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+        if self.dialect.is_out_of_range(exc):
+            return CounterOverflow(
+                f"store {self.url} refused, while {action}, a value outside signed 64-bit; "
+                "nothing was written"
+            )
+        if lost or (isinstance(exc, DBAPIError) and exc.connection_invalidated):
+            self._drop_held()
+            return BackendUnavailable(f"lost the store at {self.url} while {action}: {detail}")
+        if isinstance(exc, sa.exc.OperationalError) and "connect" in detail.lower():
+            return BackendUnavailable(f"cannot reach the store at {self.url}: {detail}")
+        return BackendError(f"store {self.url} failed while {action}: {detail}")
+
+    def _pause_before_retry(self, exc: SQLAlchemyError, action: str, attempt: int) -> float:
+        """How long to wait before running a transaction again, after its ``attempt``
+        (from 0) failed with ``exc``: only a deadlock victim is run again, a few times
+        (its effects were rolled back whole); any other failure raises its
+        ``ShardkitError``."""
+        if (
+            isinstance(exc, DBAPIError)
+            and self.dialect.is_deadlock(exc)
+            and attempt < _DEADLOCK_RETRIES
+        ):
+            return random.uniform(0, 0.01 * 2**attempt)  # let the winner finish
+        raise self._error(exc, action) from exc
+
+    def _drop_held(self) -> None:
+        """Let go of connections held for fast writes (they died with the server)."""
+
+    # -- schema ------------------------------------------------------------------------
+
+    def _create_schema(self) -> Program[None]:
+        """Create the tables if missing. Concurrent callers may race: a loser's "already
+        exists" error is absorbed by another, checking, attempt. Each failed attempt
+        means a racer created a table meanwhile, so one attempt per table (and one more)
+        is enough however the racers interleave."""
+        if self.dialect.name == "sqlite" and self._database:
+            yield from call(
+                Sql.transaction,
+                "creating the schema",
+                lambda conn: conn.exec_driver_sql("PRAGMA journal_mode=WAL"),
+            )
+        attempts = len(self.metadata.tables) + 1
+        racing = (sa.exc.ProgrammingError, sa.exc.IntegrityError, sa.exc.OperationalError)
+        for attempt in range(attempts):
+            try:
+                yield from call(Sql.transaction, "creating the schema", self._create_tables)
+                return
+            except BackendError as exc:
+                if attempt == attempts - 1 or not isinstance(exc.__cause__, racing):
+                    raise
+
+    def _create_tables(self, conn: Connection) -> None:
+        self.metadata.create_all(conn, checkfirst=True)
+        self.add_missing_columns(conn)
+
+    def add_missing_columns(self, conn: Connection) -> None:
+        """Add to tables made by an earlier version the nullable columns they lack (a
+        range's ``planned`` rows, its ``tries``). Idempotent; a concurrent caller's
+        addition makes this one fail, and a second look finds the column there."""
+        table = self.ranges_table
+        have = {column["name"] for column in sa.inspect(conn).get_columns(table.name)}
+        name = conn.dialect.identifier_preparer.format_table(table)
+        for column in table.columns:
+            if column.name not in have and column.nullable:
+                definition = sa.schema.CreateColumn(column).compile(dialect=conn.dialect)
+                conn.exec_driver_sql(f"ALTER TABLE {name} ADD COLUMN {definition}")
+
+    def _identity_of_store(self) -> Program[str]:
+        """See ``Store.identity``."""
+        if self._identity is None:
+            table = self.identity_table
+            found = yield from call(
+                Sql.read, "reading the store's identity", sa.select(table.c.identity)
+            )
+            if not found:  # a new store: the first to record its identity wins
+
+                def work(conn: Connection) -> Any:
+                    made = {"one": 1, "identity": uuid.uuid4().hex}
+                    self.dialect.insert_ignore(conn, table, made)
+                    return conn.execute(sa.select(table.c.identity)).all()
+
+                found = yield from call(Sql.transaction, "recording the store's identity", work)
+            self._identity = str(found[0].identity)
+        return self._identity
+
+    # -- counters ----------------------------------------------------------------------
+
+    def _open_counter(
+        self, name: str, kind: str, shards: int, *, grow: bool = True
+    ) -> Program[CounterInfo]:
+        """See ``Store.open_counter``."""
+        table = self.counters_table
+
+        def work(conn: Connection) -> Any:
+            # Growing first takes the row's write lock at once; inserting first would take
+            # a shared lock on an existing row and then need to upgrade it, which deadlocks
+            # against a concurrent opener doing the same on MySQL.
+            if grow:
+                conn.execute(
+                    sa.update(table)
+                    .where(table.c.name == name, table.c.kind == kind, table.c.shards < shards)
+                    .values(shards=shards)
+                )
+            self.dialect.insert_ignore(conn, table, {"name": name, "kind": kind, "shards": shards})
+            return conn.execute(
+                sa.select(table.c.kind, table.c.shards).where(table.c.name == name)
+            ).one()
+
+        found = yield from call(Sql.transaction, f"opening counter {name!r}", work)
+        if found.kind != kind:
+            raise CounterKindMismatch(f"{name!r} is a {found.kind} counter, not a {kind} counter")
+        return CounterInfo(name, kind, int(found.shards))
+
+    def _counter(self, name: str) -> Program[CounterInfo | None]:
+        """See ``Store.counter``."""
+        table = self.counters_table
+        rows = yield from call(
+            Sql.read,
+            f"reading counter {name!r}",
+            sa.select(table.c.name, table.c.kind, table.c.shards).where(table.c.name == name),
+        )
+        return CounterInfo(rows[0].name, rows[0].kind, int(rows[0].shards)) if rows else None
+
+    def _counters(self) -> Program[list[CounterInfo]]:
+        """See ``Store.counters``."""
+        table = self.counters_table
+        rows = yield from call(
+            Sql.read,
+            "listing counters",
+            sa.select(table.c.name, table.c.kind, table.c.shards).order_by(table.c.name),
+        )
+        return [CounterInfo(row.name, row.kind, int(row.shards)) for row in rows]
+
+    # -- writes ------------------------------------------------------------------------
+
+    def _add(self, name: str, shard: int, delta: int, key: str | None = None) -> Program[bool]:
+        """See ``Store.add``."""
+        applied = yield from self._add_many(name, shard, [(delta, key)])
+        return applied[0]
+
+    def _add_many(
+        self, name: str, shard: int, writes: Sequence[tuple[int, str | None]]
+    ) -> Program[list[bool]]:
+        """See ``Store.add_many``."""
+        unkeyed = self._unkeyed(name, shard, writes)
+        if unkeyed is not None:
+            yield from call(Sql.fast_add, unkeyed)
+            return [True] * len(writes)
+        keyed = [key for _, key in writes if key is not None]
+
+        def work(conn: Connection) -> list[bool]:
+            created_at = time.time()
+            new = {
+                key
+                for key in dict.fromkeys(keyed)
+                if self.dialect.insert_ignore(
+                    conn, self.keys_table, {"name": name, "key": key, "created_at": created_at}
+                )
+            }
+            applied = []
+            for _, key in writes:
+                applied.append(key is None or key in new)
+                new.discard(key)  # a key repeated in ``writes`` applies once, first
+            deltas = [delta for (delta, _), ok in zip(writes, applied, strict=True) if ok]
+            if deltas:
+                conn.execute(self._upsert_add, self._add_params(name, shard, deltas))
+            return applied
+
+        return (yield from call(Sql.transaction, f"adding to counter {name!r}", work))
+
+    @staticmethod
+    def _add_params(name: str, shard: int, deltas: Sequence[int]) -> dict[str, Any]:
+        return {"p_name": name, "p_shard": shard, "p_value": sum(deltas)}
+
+    def _unkeyed(
+        self, name: str, shard: int, writes: Sequence[tuple[int, str | None]]
+    ) -> dict[str, Any] | None:
+        """The parameters of the one upsert that makes ``writes`` when none has a key
+        (None when one has). ``InvalidDelta`` if their sum could leave signed 64-bit."""
+        deltas = [delta for delta, _ in writes]
+        if not sums_fit(deltas):
+            raise InvalidDelta(f"{len(writes)} deltas could sum outside signed 64-bit")
+        if any(key is not None for _, key in writes):
+            return None
+        return self._add_params(name, shard, deltas)
+
+    # -- reads -------------------------------------------------------------------------
+
+    def _total(self, name: str) -> Program[int]:
+        """See ``Store.total``."""
+        return (yield from self._totals([name]))[name]
+
+    def _totals(self, names: Iterable[str]) -> Program[dict[str, int]]:
+        """See ``Store.totals``."""
+        wanted = list(dict.fromkeys(names))
+        result = dict.fromkeys(wanted, 0)
+        if not wanted:
+            return result
+        shards, flushed = self.shards_table, self.flushed_table
+        high, low, scale = self.dialect.exact_sum(shards.c.value)
+        net_high, net_low, _ = self.dialect.exact_sum(flushed.c.up - flushed.c.down)
+        rows = yield from call(
+            Sql.read,
+            "reading counter values",
+            sa.union_all(
+                sa.select(shards.c.name, high, low)
+                .where(shards.c.name.in_(wanted))
+                .group_by(shards.c.name),
+                sa.select(flushed.c.name, net_high, net_low)
+                .where(flushed.c.name.in_(wanted))
+                .group_by(flushed.c.name),
+            ),
+        )
+        for name, high_sum, low_sum in rows:
+            result[name] += int(high_sum) * scale + int(low_sum)
+        return result
+
+    # -- buffered counters' generations ------------------------------------------------
+
+    def _add_generation(self, name: str, generation: int) -> Program[None]:
+        """See ``Store.add_generation``."""
+        row = {"name": name, "generation": generation, "up": 0, "down": 0}
+        yield from call(
+            Sql.transaction,
+            f"recording a generation of counter {name!r}",
+            lambda conn: self.dialect.insert_ignore(
+                conn, self.flushed_table, {**row, "created_at": time.time()}
+            ),
+        )
+
+    def _generations(self, names: Iterable[str]) -> Program[dict[str, dict[int, Flushed]]]:
+        """See ``Store.generations``."""
+        wanted = list(dict.fromkeys(names))
+        if not wanted:
+            return {}
+        table = self.flushed_table
+        rows = yield from call(
+            Sql.read,
+            "reading flushed generations",
+            sa.select(table.c.name, table.c.generation, table.c.up, table.c.down).where(
+                table.c.name.in_(wanted)
+            ),
+        )
+        result: dict[str, dict[int, Flushed]] = {}
+        for row in rows:
+            result.setdefault(row.name, {})[int(row.generation)] = Flushed(
+                int(row.up), int(row.down)
+            )
+        return result
+
+    def _recorded_at(self, name: str, generations: Iterable[int]) -> Program[dict[int, float]]:
+        """See ``Store.recorded_at``."""
+        table = self.flushed_table
+        statement = sa.select(table.c.generation, table.c.created_at).where(
+            table.c.name == name, table.c.generation.in_(list(generations))
+        )
+        rows = yield from call(Sql.read, f"reading the generations of counter {name!r}", statement)
+        return {int(row.generation): float(row.created_at) for row in rows}
+
+    def _advance(self, name: str, generation: int, seen: Flushed, to: Flushed) -> Program[bool]:
+        """See ``Store.advance``."""
+        table = self.flushed_table
+        statement = (
+            sa.update(table)
+            .where(
+                table.c.name == name,
+                table.c.generation == generation,
+                table.c.up == seen.up,
+                table.c.down == seen.down,
+            )
+            .values(up=to.up, down=to.down)
+        )
+
+        def work(conn: Connection) -> bool:
+            return bool(conn.execute(statement).rowcount == 1)
+
+        return (yield from call(Sql.transaction, f"flushing counter {name!r}", work))
+
+    def _retire(self, name: str, generation: int, applied: Flushed) -> Program[bool]:
+        """See ``Store.retire``."""
+        table = self.flushed_table
+        statement = sa.delete(table).where(
+            table.c.name == name,
+            table.c.generation == generation,
+            table.c.up == applied.up,
+            table.c.down == applied.down,
+        )
+        folded = {
+            "p_name": name,
+            "p_generation": RETIRED,
+            "p_up": applied.up,
+            "p_down": applied.down,
+            "p_created_at": time.time(),
+        }
+
+        def work(conn: Connection) -> bool:
+            if conn.execute(statement).rowcount != 1:
+                return False
+            conn.execute(self._fold, folded)
+            return True
+
+        return (
+            yield from call(Sql.transaction, f"retiring a generation of counter {name!r}", work)
+        )
+
+    # -- monotonic counters' maxima ----------------------------------------------------
+
+    def _raise_max_of(self, name: str, shard: int, value: int) -> Program[None]:
+        """See ``Store.raise_max``."""
+        params = {"p_name": name, "p_shard": shard, "p_value": value}
+        yield from call(
+            Sql.transaction,
+            f"persisting the maximum of counter {name!r}",
+            lambda conn: conn.execute(self._raise_max, params),
+        )
+
+    def _maxima(self, names: Iterable[str]) -> Program[dict[str, int]]:
+        """See ``Store.maxima``."""
+        wanted = list(dict.fromkeys(names))
+        result = dict.fromkeys(wanted, 0)
+        if not wanted:
+            return result
+        table = self.maxima_table
+        rows = yield from call(
+            Sql.read,
+            "reading counter maxima",
+            sa.select(table.c.name, sa.func.max(table.c.value))
+            .where(table.c.name.in_(wanted))
+            .group_by(table.c.name),
+        )
+        result.update({name: int(value) for name, value in rows})
+        return result
+
+    # -- id allocators -----------------------------------------------------------------
+
+    def _reserve(self, name: str, count: int) -> Program[int]:
+        """See ``Store.reserve``."""
+        table = self.shards_table
+        params = {"p_name": name, "p_shard": 0, "p_value": count}
+        if self.dialect.is_mysql:  # no RETURNING: read the row back under the upsert's lock
+            mark = sa.select(table.c.value).where(table.c.name == name, table.c.shard == 0)
+
+            def work(conn: Connection) -> int:
+                conn.execute(self._upsert_add, params)
+                return int(conn.execute(mark).scalar_one())
+
+        else:
+            returning = self._upsert_add.returning(table.c.value)
+
+            def work(conn: Connection) -> int:
+                return int(conn.execute(returning, params).scalar_one())
+
+        return (yield from call(Sql.transaction, f"reserving ids of {name!r}", work))
+
+    # -- maintenance -------------------------------------------------------------------
+
+    def _purge_keys(self, older_than: float) -> Program[int]:
+        """See ``Store.purge_keys``."""
+        table = self.keys_table
+        statement = sa.delete(table).where(table.c.created_at < older_than)
+        return (
+            yield from call(
+                Sql.transaction,
+                "purging idempotency keys",
+                lambda conn: int(conn.execute(statement).rowcount),
+            )
+        )
+
+
+__all__ = ["Sql", "SqlCore"]

@@ -1,0 +1,222 @@
+"""Engines for store URLs (``engine_from_url``, our driver chosen when the URL names
+none), and what is done to an engine's connections: a pooler in front of PostgreSQL
+detected (``watch_for_poolers``), forks gated on SQLite (``gate_forks``)."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+from shardkit import _urls
+from shardkit._fork import ForkGate
+from shardkit.errors import (
+    ConfigurationError,
+    MissingDriver,
+    StoreNotFound,
+)
+
+_T = TypeVar("_T")
+# Key of a pooled connection's ``info``: whether it goes through a pooler.
+_POOLED = "shardkit.pooled"
+
+# URL scheme -> (the driver SQLAlchemy should use, the extra that installs it).
+_DRIVERS = {
+    "sqlite": ("sqlite", None),
+    "postgresql": ("postgresql+psycopg", "postgres"),
+    "postgres": ("postgresql+psycopg", "postgres"),
+    "mysql": ("mysql+pymysql", "mysql"),
+    "mariadb": ("mariadb+pymysql", "mysql"),
+}
+
+# The fork gate of each SQLite engine (``gate_forks``).
+_GATES: weakref.WeakKeyDictionary[Engine, ForkGate] = weakref.WeakKeyDictionary()
+_GATING = threading.Lock()
+
+
+def watch_for_poolers(engine: Engine) -> None:
+    """Have every connection of a psycopg ``engine`` (or of an asyncio engine's
+    ``sync_engine``) checked once for a pooler in front of the server
+    (``_detect_pooler``). Idempotent; other drivers are left alone."""
+    if engine.dialect.driver in ("psycopg", "psycopg_async") and not sa.event.contains(
+        engine, "checkout", _detect_pooler
+    ):
+        sa.event.listen(engine, "checkout", _detect_pooler)
+
+
+def gate_forks(engine: Engine) -> ForkGate | None:
+    """Have a fork of the process wait while another thread has one of a SQLite
+    ``engine``'s connections checked out (a child forked mid-use inherits SQLite's locks
+    held); return that ``ForkGate``. Idempotent; None (nothing done) for other
+    databases."""
+    if engine.dialect.name != "sqlite":
+        return None
+    with _GATING:
+        gate = _GATES.get(engine)
+        if gate is None:
+            gate = _GATES[engine] = ForkGate(f"the SQLite database {engine.url.database!r}")
+            sa.event.listen(engine, "checkout", lambda _, record, __: gate.enter(record))
+            sa.event.listen(engine, "checkin", lambda _, record: gate.leave(record))
+    return gate
+
+
+def _detect_pooler(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    """Pool checkout hook of psycopg engines: once per connection, ``unprepare_behind_pooler``
+    (for an asyncio engine's, ``_unprepare_async``). A connection that cannot answer is
+    replaced by the pool. (Connections that are not psycopg's own, such as Django's
+    behind its stand-in, are left alone.)"""
+    from psycopg import AsyncConnection, Connection
+
+    if _POOLED in record.info:
+        return
+    try:
+        if isinstance(dbapi_connection, Connection):
+            record.info[_POOLED] = unprepare_behind_pooler(dbapi_connection)
+        elif isinstance(record.driver_connection, AsyncConnection):
+            record.info[_POOLED] = _unprepare_async(dbapi_connection, record.driver_connection)
+    except ConnectionError as exc:
+        raise sa.exc.DisconnectionError(str(exc)) from exc
+
+
+def _unprepare_async(adapted: Any, connection: Any) -> bool:
+    """``unprepare_behind_pooler`` for psycopg's ``AsyncConnection`` behind SQLAlchemy's
+    adapter ``adapted``, whose calls await the connection from the checkout's greenlet
+    (so the event loop is never blocked): the same question, in a transaction rolled
+    back at once."""
+    try:
+        cursor = adapted.cursor()
+        try:
+            cursor.execute("SELECT pg_backend_pid()")
+            (pid,) = cursor.fetchone()
+        finally:
+            cursor.close()
+            adapted.rollback()
+    except Exception as exc:
+        raise ConnectionError(f"the connection did not answer: {exc}") from exc
+    pooled: bool = int(pid) != connection.info.backend_pid
+    if pooled:
+        connection.prepare_threshold = None
+    return pooled
+
+
+def unprepare_behind_pooler(connection: Any) -> bool:
+    """Whether the psycopg ``connection`` goes through a pooler (PgBouncer in transaction
+    mode, …), which may run each transaction on another server session, where a
+    statement prepared in an earlier one is missing or present already; if so, turn
+    psycopg's automatic preparing off. A pooler answers the connection with a backend
+    process id of its own making, a direct connection with the server's. One round trip,
+    outside any transaction; raises ``ConnectionError`` if the connection cannot answer."""
+    from psycopg import pq
+
+    result = connection.pgconn.exec_(b"SELECT pg_backend_pid()")
+    if result.status != pq.ExecStatus.TUPLES_OK:
+        raise ConnectionError("the connection did not answer")
+    pooled: bool = int(result.get_value(0, 0) or 0) != connection.info.backend_pid
+    if pooled:
+        connection.prepare_threshold = None
+    return pooled
+
+
+def engine_from_url(url: str, *, pool_size: int | None = None, existing: bool = False) -> Engine:
+    """Create an engine for a store URL, choosing our driver when the URL names none.
+
+    ``pool_size`` connections are kept open (SQLAlchemy's default, 5, when None): as many
+    as the threads that use the store at once, or each one past it opens and closes a
+    connection of its own. Its connections are checked for a pooler in front of the
+    server (``watch_for_poolers``).
+
+    Raises ``MissingDriver`` naming the extra to install, or ``ConfigurationError``; with
+    ``existing``, ``StoreNotFound`` for a SQLite file that does not exist (SQLite would
+    create it).
+    """
+    engine: Engine = make_engine(
+        url, sa.create_engine, _DRIVERS, pool_size=pool_size, existing=existing
+    )
+    watch_for_poolers(engine)
+    return engine
+
+
+def make_engine(
+    url: str,
+    create: Callable[..., _T],
+    drivers: Mapping[str, tuple[str, str | None]],
+    *,
+    pool_size: int | None,
+    existing: bool = False,
+) -> _T:
+    """``create(url, **options)`` for a store URL, the driver chosen from ``drivers``
+    (URL scheme -> SQLAlchemy's dialect+driver, and the extra that installs it) when the
+    URL names none. Raises ``MissingDriver`` or ``ConfigurationError``; with
+    ``existing``, ``StoreNotFound`` for a SQLite file that does not exist."""
+    scheme_part, sep, rest = url.partition("://")
+    if not sep:
+        raise ConfigurationError(f"not a store URL: {_urls.redact(url)!r}")
+    _urls.split(url, "store")
+    base = scheme_part.split("+", 1)[0].lower()
+    if base not in drivers:
+        raise ConfigurationError(f"unknown store URL scheme in {_urls.redact(url)!r}")
+    driver, extra = drivers[base]
+    if "+" not in scheme_part:
+        url = f"{driver}://{rest}"
+    options: dict[str, Any] = {}
+    try:
+        parsed = sa.make_url(url)
+    except (ArgumentError, ValueError) as exc:
+        detail = _urls.scrub(str(exc), _urls.split(url, "store").password)
+        raise ConfigurationError(f"bad store URL {_urls.redact(url)!r}: {detail}") from None
+    if base == "sqlite":
+        database = parsed.database
+        if not database or database == ":memory:":
+            raise ConfigurationError(
+                "an in-memory SQLite database is private to one connection; use a file, "
+                "e.g. sqlite:///shardkit.db"
+            )
+        if existing:
+            _sqlite_file_exists(database)
+        # Writers queue on SQLite's database lock instead of failing after 5 s.
+        options["connect_args"] = {"timeout": 60}
+    if pool_size is not None:
+        options["pool_size"] = pool_size
+    try:
+        return create(url, **options)
+    except (ImportError, NoSuchModuleError) as exc:
+        if extra is None or (isinstance(exc, NoSuchModuleError) and "+" in scheme_part):
+            raise ConfigurationError(
+                f"no SQLAlchemy driver for {_urls.redact(url)!r}: {exc}"
+            ) from exc
+        raise MissingDriver(
+            f"the {base} store needs its driver: pip install 'shardkit[{extra}]'"
+        ) from exc
+    except (ArgumentError, ValueError, TypeError) as exc:
+        detail = _urls.scrub(str(exc), parsed.password)
+        raise ConfigurationError(f"bad store URL {_urls.redact(url)!r}: {detail}") from None
+
+
+def _sqlite_file_exists(database: str) -> None:
+    """Raise ``StoreNotFound`` unless the SQLite file ``database`` (a path, or a
+    ``file:`` URI) exists, with a hint where a relative path may be the mistake."""
+    path = Path(database.removeprefix("file:").split("?", 1)[0])
+    if path.is_file():
+        return
+    hint = ""
+    if not path.is_absolute():
+        hint = (
+            f" (a relative path, from {Path.cwd()}: sqlite:///{path} is relative, "
+            f"sqlite:////{path.resolve().as_posix().lstrip('/')} absolute)"
+        )
+    raise StoreNotFound(f"no SQLite database at {str(path)!r}{hint}; nothing was created")
+
+
+__all__ = [
+    "engine_from_url",
+    "gate_forks",
+    "make_engine",
+    "unprepare_behind_pooler",
+    "watch_for_poolers",
+]
