@@ -37,7 +37,7 @@ from shardkit.executor import LocalExecutor
 from shardkit.mapper import Batch, Completion, Job, MapSpec, Signer, TableSource
 from shardkit.mapper.keys import KeyRange, load_key
 from shardkit.mapper.ledger import Child
-from shardkit.mapper.runner import _targets
+from shardkit.mapper.planning import _targets
 from shardkit.mapper.source import Statistics, StatisticsSource
 from shardkit.mapper.spec import reference
 from shardkit.store.sql import SqlStore
