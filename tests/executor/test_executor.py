@@ -261,6 +261,46 @@ def test_tasks_from_outside_run_before_follow_ups(cache: Cache, namespace: str) 
     ]
 
 
+def test_a_stream_from_outside_does_not_hold_follow_ups_back(cache: Cache, namespace: str) -> None:
+    """One worker; a feeder outside keeps tasks from outside waiting all the time (as
+    flushes do when the store cannot keep up), until the follow-up has run: it runs
+    after at most one of them (taken first, it would wait for ever)."""
+    executor = LocalExecutor(workers=1)
+    order: list[str] = []
+    fed, refilled, stop = threading.Semaphore(0), threading.Semaphore(0), threading.Event()
+
+    def outside(args: Mapping[str, Any]) -> None:
+        order.append("outside")
+        fed.release()
+        while not (refilled.acquire(timeout=0.01) or stop.is_set()):
+            pass  # ends once another is queued: from outside, one always waits
+
+    def parent(args: Mapping[str, Any]) -> None:
+        order.append("parent")
+        executor.submit("child", {})
+
+    tasks = {"outside": outside, "parent": parent, "child": lambda args: order.append("child")}
+    executor.bind(tasks, Marks(cache, lambda name: f"{namespace}task:{name}"))
+
+    def feed() -> None:  # keeps two tasks from outside waiting until told to stop
+        for _ in range(2):
+            executor.submit("outside", {})
+        while not stop.is_set() and fed.acquire(timeout=30):
+            executor.submit("outside", {})
+            refilled.release()
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    wait_for(lambda: order.count("outside") >= 3, "the stream to flow", 30)
+    executor.submit("parent", {})
+    wait_for(lambda: "child" in order, "the follow-up to run", 30)
+    stop.set()
+    feeder.join()
+    executor.close()
+    after = order[order.index("parent") + 1 : order.index("child")]
+    assert after.count("outside") <= 1, order
+
+
 def test_a_task_due_while_one_of_its_merge_key_waits_is_taken_into_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

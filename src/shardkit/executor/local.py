@@ -28,7 +28,9 @@ class LocalExecutor:
     watched by one timer thread. Threads start on the first submission.
 
     Tasks submitted from outside the workers (and delayed tasks, when due) run first come,
-    first served, before any other. A task submitted with ``merge`` that comes due while
+    first served, ahead of follow-ups (below) — but when both wait, a worker takes one of
+    each in turn, so a steady stream from outside (flushes that fall behind) cannot hold
+    follow-ups (a job's ranges) back for ever. A task submitted with ``merge`` that comes due while
     another with the same ``merge`` waits for a worker is taken into that one: when the
     workers fall behind, each counter has at most one flush waiting, however long they
     take (the flush lag metric shows how far behind, and one line is logged).
@@ -65,6 +67,7 @@ class LocalExecutor:
         self._order = itertools.count()
         self._arrived: collections.deque[_Entry] = collections.deque()  # from outside: FIFO
         self._followups: list[_Entry] = []  # from the workers' tasks: a stack
+        self._followups_turn = False  # whether a follow-up goes next, when both wait
         self._merging: set[str] = set()  # the merge keys of the tasks queued
         self._merged_once = False
         self._threads: list[threading.Thread] = []
@@ -160,9 +163,12 @@ class LocalExecutor:
                         self._ready.wait()
                     finally:
                         self._waiting -= 1
-                task, args, merge = (
-                    self._arrived.popleft() if self._arrived else self._followups.pop()
-                )
+                both = bool(self._arrived and self._followups)
+                if self._arrived and not (both and self._followups_turn):
+                    task, args, merge = self._arrived.popleft()
+                else:
+                    task, args, merge = self._followups.pop()
+                self._followups_turn = both and not self._followups_turn
                 self._merging.discard(merge)  # started: what comes due now is news to it
             self._run(task, args)
 
