@@ -101,7 +101,9 @@ class Meter:
 
     def running(self, job: str, change: int) -> None:
         """``change`` (+1 or -1) ranges of mapping job ``job`` started or stopped running
-        in this process."""
+        in this process (a job with none running has no series here: a process that
+        runs a job a minute for weeks keeps no series per job it ran, except under
+        prometheus_client's multiprocess mode, whose files keep each at 0)."""
 
 
 meter = Meter()
@@ -236,6 +238,10 @@ class _PrometheusMeter(Meter):
             multiprocess_mode="livesum",
             **where,
         )
+        self._live: dict[str, int] = {}  # ranges running now, by job: their series exist
+        # prometheus_client's multiprocess mode cannot remove a series (its files keep it).
+        self._multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        self._running_lock = threading.Lock()
         # Children bound once: a label lookup per write would cost more than the write's
         # own bookkeeping.
         self._write_children: dict[tuple[str, str], Any] = {}
@@ -284,7 +290,15 @@ class _PrometheusMeter(Meter):
         self._lost_blocks.inc()
 
     def running(self, job: str, change: int) -> None:
-        self._running.labels(job).inc(change)
+        with self._running_lock:
+            now = self._live.get(job, 0) + change
+            if now or self._multiprocess:  # its files keep every series they had anyway
+                self._live[job] = now
+                self._running.labels(job).inc(change)
+            if not now:
+                self._live.pop(job, None)
+                if not self._multiprocess:
+                    self._running.remove(job)
 
 
 class _Lags:
