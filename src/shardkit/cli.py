@@ -36,9 +36,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class _Output:
-    """A Rich console made when first printed to (Rich is imported then, so that
-    ``--help`` does not pay for it): user text is never markup, output that is not a
-    terminal is never wrapped or cut."""
+    """Plain lines, and a Rich console made when first needed (Rich is imported then, so
+    that ``--help`` and a command that prints a line do not pay for it): user text is
+    never markup, output that is not a terminal is never wrapped or cut."""
 
     def __init__(self, *, stderr: bool = False) -> None:
         self._stderr = stderr
@@ -58,7 +58,12 @@ class _Output:
         return self._console
 
     def print(self, *objects: Any) -> None:
-        self.console.print(*objects)
+        """Print ``objects``: lines of text as they are (Rich is not needed for them),
+        anything else (a table, a progress bar) through the console."""
+        if all(isinstance(each, str) for each in objects):
+            click.echo(" ".join(objects), err=self._stderr)
+        else:
+            self.console.print(*objects)
 
 
 out = _Output()

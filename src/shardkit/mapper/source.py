@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import ClauseElement, Executable
@@ -225,6 +224,8 @@ class TableSource:
     def _histogram(self, conn: Connection) -> list[Key]:
         """The key's equi-depth histogram bounds in PostgreSQL's statistics: a table's one
         key column only (a select's filters make the table's histogram another's)."""
+        from sqlalchemy.dialects import postgresql  # read on PostgreSQL only
+
         if not isinstance(self._from, sa.Table) or len(self._columns) != 1:
             return []
         column = self._columns[0]

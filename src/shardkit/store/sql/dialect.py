@@ -5,12 +5,12 @@ run on a raw DB-API connection (``Compiled``)."""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
@@ -31,6 +31,8 @@ class Text(sa.types.TypeDecorator[str]):
 
     def load_dialect_impl(self, dialect: sa.Dialect) -> sa.types.TypeEngine[Any]:
         if dialect.name in ("mysql", "mariadb"):
+            from sqlalchemy.dialects import mysql
+
             return dialect.type_descriptor(mysql.VARBINARY(4 * MAX_NAME_LENGTH))
         return dialect.type_descriptor(sa.String(MAX_NAME_LENGTH))
 
@@ -49,6 +51,10 @@ class Dialect:
     def __init__(self, name: str) -> None:
         self.name = name
         self.is_mysql = name in ("mysql", "mariadb")
+        # SQLAlchemy's constructs of this database only (the others are not imported).
+        self._sql = importlib.import_module(
+            f"sqlalchemy.dialects.{'mysql' if self.is_mysql else name}"
+        )
 
     def is_deadlock(self, exc: DBAPIError) -> bool:
         """Whether the database rolled the transaction back to break a deadlock."""
@@ -95,10 +101,8 @@ class Dialect:
 
     def _insert_ignore(self, table: sa.Table) -> sa.Insert:
         if self.is_mysql:
-            return mysql.insert(table).prefix_with("IGNORE")
-        if self.name == "postgresql":
-            return postgresql.insert(table).on_conflict_do_nothing()
-        return sqlite.insert(table).on_conflict_do_nothing()
+            return self._sql.insert(table).prefix_with("IGNORE")  # type: ignore[no-any-return]
+        return self._sql.insert(table).on_conflict_do_nothing()  # type: ignore[no-any-return]
 
     def upsert(self, table: sa.Table, merge: dict[str, _Merge]) -> sa.Insert:
         """INSERT a row, or set each ``merge`` column of the existing row to
@@ -108,13 +112,12 @@ class Dialect:
         rules = merge.items()
         upsert: sa.Insert
         if self.is_mysql:
-            my = mysql.insert(table).values(values)
+            my = self._sql.insert(table).values(values)
             upsert = my.on_duplicate_key_update(
                 {name: rule(table.c[name], my.inserted[name]) for name, rule in rules}
             )
         else:
-            module = postgresql if self.name == "postgresql" else sqlite
-            ins = module.insert(table).values(values)
+            ins = self._sql.insert(table).values(values)
             upsert = ins.on_conflict_do_update(
                 index_elements=list(table.primary_key.columns),
                 set_={
