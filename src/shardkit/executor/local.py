@@ -30,10 +30,10 @@ class LocalExecutor:
     Tasks submitted from outside the workers (and delayed tasks, when due) run first come,
     first served, ahead of follow-ups (below) — but when both wait, a worker takes one of
     each in turn, so a steady stream from outside (flushes that fall behind) cannot hold
-    follow-ups (a job's ranges) back for ever. A task submitted with ``merge`` that comes due while
-    another with the same ``merge`` waits for a worker is taken into that one: when the
-    workers fall behind, each counter has at most one flush waiting, however long they
-    take (the flush lag metric shows how far behind, and one line is logged).
+    follow-ups (a job's ranges) back for ever. A task submitted with ``merge`` that comes
+    due while another with the same ``merge`` waits for a worker is taken into that one:
+    when the workers fall behind, each counter has at most one flush waiting, however long
+    they take (the flush lag metric shows how far behind, and one line is logged).
 
     Tasks that a running task submits — its follow-up work, such as a mapping range's
     children — run newest first: a tree of tasks is walked depth first, so what waits is
