@@ -1,0 +1,197 @@
+"""The runners of programs (``shardkit._program``), on their own: ``run`` and ``arun``
+send each call's result back in, throw a failing call's exception in at the call, and,
+when a call is interrupted (a ``KeyboardInterrupt``, a cancelled task), close the
+program (it sees ``GeneratorExit``, and its ``finally`` blocks run) and pass the
+interruption on."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import Any
+
+import pytest
+
+from shardkit._program import Call, Program, arun, awaitable, blocking, call, run
+
+
+class Backend:
+    """A role's backend: answers ``double``, fails ``fail``, and records what it was
+    asked, in order."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, Any]] = []
+
+    def double(self, n: int) -> int:
+        self.asked.append(("double", n))
+        return 2 * n
+
+    def fail(self, error: BaseException) -> None:
+        self.asked.append(("fail", type(error).__name__))
+        raise error
+
+
+class SlowBackend(Backend):
+    """The async form: ``double`` awaits ``gate`` first; ``fail`` answers at once (a
+    backend may return a plain value under ``arun``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.waiting = asyncio.Event()
+
+    async def double(self, n: int) -> int:  # type: ignore[override]
+        self.waiting.set()
+        await self.gate.wait()
+        return super().double(n)
+
+
+class Trace:
+    """What a program did: the values it got, the errors it caught, its ``finally``."""
+
+    def __init__(self) -> None:
+        self.got: list[Any] = []
+        self.caught: list[BaseException] = []
+        self.finished = False
+
+
+def doubling(trace: Trace, n: int) -> Program[int]:
+    try:
+        first = yield from call(Backend.double, n)
+        trace.got.append(first)
+        second = yield from call(Backend.double, first)
+        trace.got.append(second)
+        return second
+    finally:
+        trace.finished = True
+
+
+def falling_back(trace: Trace, error: Exception) -> Program[str]:
+    """Catches the failing call's exception and goes on with another call."""
+    try:
+        yield from call(Backend.fail, error)
+    except Exception as exc:
+        trace.caught.append(exc)
+    value = yield from call(Backend.double, 21)
+    trace.got.append(value)
+    return "fell back"
+
+
+def guarded(trace: Trace, first: Call[Any]) -> Program[None]:
+    """Makes ``first``; what the program sees of an interruption is recorded: a closed
+    program sees ``GeneratorExit``, not the interruption itself."""
+    try:
+        yield from first
+    except Exception as exc:  # pragma: no cover - reached only if the runner is wrong
+        trace.caught.append(exc)
+        yield from call(Backend.double, 0)
+    except BaseException as exc:
+        trace.caught.append(exc)
+        raise
+    finally:
+        trace.finished = True
+
+
+RUNNERS = ["run", "arun"]
+
+
+def carry_out(runner: str, program: Program[Any], backend: Backend) -> Any:
+    if runner == "run":
+        return run(program, {"Backend": backend})
+    return asyncio.run(arun(program, {"Backend": backend}))
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_each_result_is_sent_back_in_and_the_return_value_is_the_result(runner: str) -> None:
+    trace, backend = Trace(), Backend()
+    assert carry_out(runner, doubling(trace, 5), backend) == 20
+    assert trace.got == [10, 20]
+    assert backend.asked == [("double", 5), ("double", 10)]
+    assert trace.finished
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_a_failing_call_is_thrown_in_where_it_was_made(runner: str) -> None:
+    trace, backend, error = Trace(), Backend(), LookupError("gone")
+    assert carry_out(runner, falling_back(trace, error), backend) == "fell back"
+    assert trace.caught == [error]  # the very exception, caught at the call
+    assert trace.got == [42]
+    assert backend.asked == [("fail", "LookupError"), ("double", 21)]
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_a_failure_the_program_does_not_catch_reaches_the_caller_after_its_finally(
+    runner: str,
+) -> None:
+    trace, error = Trace(), ValueError("refused")
+
+    def program() -> Program[None]:
+        try:
+            yield from call(Backend.fail, error)
+        finally:
+            trace.finished = True
+
+    with pytest.raises(ValueError, match="refused") as raised:
+        carry_out(runner, program(), Backend())
+    assert raised.value is error
+    assert trace.finished
+
+
+def test_an_interrupted_call_closes_the_program_and_goes_on_to_the_caller() -> None:
+    trace, backend = Trace(), Backend()
+    with pytest.raises(KeyboardInterrupt):
+        run(guarded(trace, call(Backend.fail, KeyboardInterrupt())), {"Backend": backend})
+    assert [type(seen) for seen in trace.caught] == [GeneratorExit]  # closed, not thrown in
+    assert trace.finished
+    assert backend.asked == [("fail", "KeyboardInterrupt")]  # nothing called after it
+
+
+def test_a_cancelled_call_closes_the_program_and_the_cancellation_goes_on() -> None:
+    trace, backend = Trace(), SlowBackend()
+
+    async def scenario() -> None:
+        program = guarded(trace, call(Backend.double, 1))
+        task = asyncio.create_task(arun(program, {"Backend": backend}))
+        await backend.waiting.wait()  # the first call is being awaited
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert task.cancelled()
+
+    asyncio.run(scenario())
+    assert [type(seen) for seen in trace.caught] == [GeneratorExit]  # closed, not thrown in
+    assert trace.finished
+    assert backend.asked == []  # the awaited call never answered
+
+
+def test_arun_takes_plain_values_and_awaitables_alike() -> None:
+    trace, backend = Trace(), SlowBackend()
+
+    async def scenario() -> str:
+        backend.gate.set()
+        return await arun(falling_back(trace, KeyError("x")), {"Backend": backend})
+
+    assert asyncio.run(scenario()) == "fell back"  # fail: plain; double: awaited
+    assert trace.got == [42]
+
+
+class Doubler:
+    """A class with its rule written once, in both forms."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.roles = {"Backend": backend}
+
+    def _twice(self, n: int) -> Program[int]:
+        """Double ``n`` twice."""
+        return doubling(Trace(), n)
+
+    twice = blocking(_twice)
+    atwice = awaitable(_twice)
+
+
+def test_blocking_and_awaitable_methods_run_the_one_rule() -> None:
+    doubler = Doubler(Backend())
+    assert doubler.twice(3) == 12
+    pending: Awaitable[int] = doubler.atwice(3)
+    assert asyncio.run(pending) == 12  # type: ignore[arg-type]
+    assert Doubler.twice.__doc__ == Doubler.atwice.__doc__ == "Double ``n`` twice."
