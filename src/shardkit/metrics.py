@@ -316,31 +316,29 @@ class _Lags:
 
     def __init__(self, prom: Any) -> None:
         self._prom = prom
-        self._histograms: dict[float, Any] = {}
-        self._children: dict[float, Any] = {}
+        self._made: dict[float, tuple[Any, Any]] = {}  # interval -> (histogram, its child)
         self._lock = threading.Lock()
 
     def child(self, interval: float) -> Any:
         """The histogram of counters flushed every ``interval`` seconds, made once."""
-        child = self._children.get(interval)
-        if child is None:
+        made = self._made.get(interval)
+        if made is None:
             with self._lock:
-                if interval not in self._children:
+                made = self._made.get(interval)
+                if made is None:
                     buckets = [interval * times for times in _LAG_INTERVALS]
                     histogram = self._prom.Histogram(
                         self._NAME, self._HELP, ["interval"], buckets=buckets, registry=None
                     )
-                    self._histograms[interval] = histogram
-                    self._children[interval] = histogram.labels(f"{interval:g}")
-                child = self._children[interval]
-        return child
+                    made = self._made[interval] = (histogram, histogram.labels(f"{interval:g}"))
+        return made[1]
 
     def describe(self) -> list[Any]:
         return []
 
     def collect(self) -> list[Any]:
         family = self._prom.core.Metric(self._NAME, self._HELP, "histogram")
-        for histogram in list(self._histograms.values()):
+        for histogram, _ in list(self._made.values()):
             for metric in histogram.collect():
                 family.samples += metric.samples
         return [family]

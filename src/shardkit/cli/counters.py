@@ -4,16 +4,12 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 import shardkit
 from shardkit.validation import check_name
-
-if TYPE_CHECKING:
-    pass
-
 
 from .base import (
     Context,

@@ -14,10 +14,6 @@ import click
 
 import shardkit
 
-if TYPE_CHECKING:
-    from rich.text import Text
-
-
 from .base import (
     Context,
     emit,
@@ -27,6 +23,10 @@ from .base import (
     pass_context,
     shown,
 )
+
+if TYPE_CHECKING:
+    from rich.text import Text
+
 
 SHORT_ID = 8  # the fewest characters of a job id shown in the list
 

@@ -5,16 +5,11 @@ from __future__ import annotations
 import socket
 import sys
 import threading
-from typing import TYPE_CHECKING
 
 import click
 
 import shardkit
 from shardkit.validation import check_name
-
-if TYPE_CHECKING:
-    pass
-
 
 from .base import (
     Context,

@@ -319,7 +319,7 @@ def _may_tie(key: Key) -> bool:
     return isinstance(key, str)
 
 
-SourceAdapter = Callable[[Any, "str | Sequence[str] | None"], "Source | None"]
+SourceAdapter = Callable[[Any, str | Sequence[str] | None], Source | None]
 """Wraps an object of an integration's own as a ``Source`` (given the ``key`` of
 ``kit.map``), or returns None for any other object."""
 

@@ -104,11 +104,11 @@ def _rebuild(model: str, query: bytes, db: str, key: str) -> QuerySetSource:
     return QuerySetSource(queryset, key)
 
 
-__all__ = ["QuerySetSource"]
-
-
 def adapt_queryset(obj: object, key: str | Sequence[str] | None) -> QuerySetSource | None:
     """The mapper's adapter of querysets (registered when the app is ready)."""
     if not isinstance(obj, models.QuerySet):
         return None
     return QuerySetSource(obj, key)  # type: ignore[arg-type]  # it refuses a sequence
+
+
+__all__ = ["QuerySetSource", "adapt_queryset"]
