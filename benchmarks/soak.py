@@ -48,6 +48,7 @@ import shardkit
 from hot_counter import _redis_client, forget_redis_keys, report_console
 from shardkit import _fork
 from shardkit.cache.memory import MemoryCache
+from shardkit.counters.buffered import pointer_keys
 from shardkit.executor import local
 from shardkit.mapper import Batch
 from shardkit.store.sql import SqlStore
@@ -101,7 +102,9 @@ def lose_generations(kit: shardkit.Kit, names: list[str]) -> None:
         for generation in generations:
             for side in ("up", "down"):
                 kit.cache.delete(settings.cache_key(name, f"buffered:{generation}:{side}"))
-        kit.cache.delete(settings.cache_key(name, "buffered:generation"))
+        info = kit.store.counter(name)
+        if info is not None:
+            kit.cache.delete(pointer_keys(settings, info, 1)[0])
 
 
 def setting_up(

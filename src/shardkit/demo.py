@@ -323,11 +323,13 @@ def run_demo(
     writers: int = 4,
     seconds: float = 3.0,
     console: Console | None = None,
+    prefix: str = "shardkit_",
 ) -> DemoResult:
     """Race ``writers`` processes on one hot counter for ``seconds``: on a single row, on
     a sharded counter, on a buffered counter; then add 10 to every row of a generated
     table with ``kit.map``. Shown on ``console`` as it goes (a table, a progress bar),
-    if one is given."""
+    if one is given. The counters, in the store's tables of ``prefix``, are deleted at
+    the end."""
     if writers < 1 or not seconds > 0:
         raise ValueError("writers must be ≥ 1 and seconds > 0")
     tag = uuid.uuid4().hex[:12]
@@ -341,7 +343,7 @@ def run_demo(
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="shardkit-demo-"))
             store_url = f"sqlite:///{Path(folder) / 'demo.db'}"
         cache_url = cache_url or "memory://"
-        kit = stack.enter_context(connect(store_url, cache_url))
+        kit = stack.enter_context(connect(store_url, cache_url, prefix=prefix))
         engine = engine_from_url(store_url)
         stack.callback(engine.dispose)
         table = naive_table(f"shardkit_demo_naive_{tag}")
@@ -351,9 +353,8 @@ def run_demo(
             conn.execute(table.insert().values(id=1, n=0))
         counter = kit.sharded(f"shardkit-demo-{tag}", shards=DEMO_SHARDS)
         buffered = kit.buffered(f"shardkit-demo-buffered-{tag}", interval=DEMO_INTERVAL)
-        if isinstance(kit.store, SqlStore):
-            stack.callback(_forget_counter, kit.store, counter.name)
-            stack.callback(_forget_counter, kit.store, buffered.name)
+        stack.callback(kit.delete, counter.name)
+        stack.callback(kit.delete, buffered.name)
 
         say(
             f"[bold]{writers}[/] writer processes, {seconds:g} s each, "
@@ -361,11 +362,15 @@ def run_demo(
         )
         crew = stack.enter_context(Crew(writers))
         with status(f"naive: {writers} writers on one row…"):
-            naive = crew.run(naive_writer, Target(store_url, cache_url, table.name), seconds)
+            naive = crew.run(
+                naive_writer, Target(store_url, cache_url, table.name, prefix), seconds
+            )
         with status(f"sharded: {writers} writers on {DEMO_SHARDS} shards…"):
-            sharded = crew.run(sharded_writer, Target(store_url, cache_url, counter.name), seconds)
+            sharded = crew.run(
+                sharded_writer, Target(store_url, cache_url, counter.name, prefix), seconds
+            )
         with status(f"buffered: {writers} writers into the cache…"):
-            target = Target(store_url, cache_url, buffered.name)
+            target = Target(store_url, cache_url, buffered.name, prefix)
             buffering = crew.run(buffered_writer, target, seconds)
 
         with engine.connect() as conn:
@@ -482,13 +487,6 @@ def _forget_job(kit: Kit, job: str) -> None:
     with store.engine.begin() as conn:
         conn.execute(sa.delete(store.ranges_table).where(store.ranges_table.c.job == job))
         conn.execute(sa.delete(store.jobs_table).where(store.jobs_table.c.id == job))
-
-
-def _forget_counter(store: SqlStore, name: str) -> None:
-    """Delete the demo's counter from the store, leaving no trace of the demo."""
-    with store.engine.begin() as conn:
-        for table in (store.shards_table, store.flushed_table, store.counters_table):
-            conn.execute(sa.delete(table).where(table.c.name == name))
 
 
 __all__ = [

@@ -32,9 +32,14 @@ from shardkit.counters.buffered import (
     read_parts,
     scheduled_flush,
 )
+from shardkit.counters.buffered import forget as forget_buffered
 from shardkit.counters.ids import IdCore
+from shardkit.counters.ids import forget as forget_ids
 from shardkit.counters.monotonic import MonotonicCore
+from shardkit.counters.monotonic import forget as forget_monotonic
 from shardkit.counters.sharded import ShardedCore
+from shardkit.counters.sharded import forget as forget_sharded
+from shardkit.counters.sharded import value_key as sharded_value_key
 from shardkit.errors import (
     ConfigurationError,
     CounterKindMismatch,
@@ -48,6 +53,7 @@ from shardkit.mapper.runner import TASK
 from shardkit.mapper.source import as_source
 from shardkit.mapper.spec import resolve
 from shardkit.store import CounterInfo, Store, open_store
+from shardkit.store.base import Deleted
 from shardkit.store.sql import SqlStore
 from shardkit.validation import (
     ADJUST_DELAY,
@@ -77,8 +83,11 @@ class _Named(Protocol):
     name: str
     kind: str
 
+    def _expire(self) -> None: ...
+
 
 _CACHING_VALUES = metrics.action("caching values")
+_FORGETTING = metrics.action("removing a deleted counter's cache keys")
 _K = TypeVar("_K", bound=_Named)  # the counters a kit keeps open
 _C = TypeVar("_C", bound=_Named)
 _S = TypeVar("_S", bound=ShardedCore)
@@ -236,6 +245,35 @@ class KitCore(Generic[_K]):
         """Delete idempotency keys older than the kit's ``key_retention``; return how many."""
         return (yield from call(Store.purge_keys, time.time() - self._options.key_retention))
 
+    def _delete(self, name: str) -> Program[CounterInfo]:
+        """Delete counter ``name``: see ``Kit.delete``."""
+        return self._end(name, reset=False)
+
+    def _reset(self, name: str) -> Program[CounterInfo]:
+        """Reset counter ``name`` to a new, empty incarnation: see ``Kit.reset``."""
+        return self._end(name, reset=True)
+
+    def _end(self, name: str, *, reset: bool) -> Program[CounterInfo]:
+        """End the incarnation of counter ``name`` in the store (``Store.delete``), then
+        forget it: the object this kit holds (which looks at the store on its next call),
+        this process's adjustments of its cached value, and its cache keys (a failure
+        there is logged: the keys are the ended incarnation's, which only objects that
+        still hold it read)."""
+        check_name(name)
+        deleted = yield from call(Store.delete, name, reset=reset)
+        if deleted is None:
+            raise CounterNotFound(f"no counter named {name!r} in {self.roles['Store'].url}")
+        with self._lock:
+            opened = self._counters.pop(name, None)
+        stripes = self._options.default_stripes
+        if opened is not None:
+            opened._expire()
+            stripes = max(stripes, getattr(opened, "stripes", 0))
+        yield from call(Adjuster.sync)
+        forgetting = _forget(self._options, deleted, stripes)
+        yield from best_effort(self._options, _FORGETTING, forgetting)
+        return deleted.info
+
     def _found(self, name: str) -> Program[_K | str]:
         """The counter ``name`` if it was opened lately, else its kind, read from the
         store; ``CounterNotFound`` if there is none."""
@@ -281,7 +319,7 @@ class KitCore(Generic[_K]):
         cache: read it with ``kit.monotonic(name).value()``."""
         wanted = check_names(names)
         options = self._options
-        keys = {options.cache_key(name, "sharded:value"): name for name in wanted}
+        keys = {sharded_value_key(options, name): name for name in wanted}
         found: dict[str, int] = {}
         if not fresh:
             yield from call(Adjuster.sync)  # this process's own writes are in what it reads
@@ -300,8 +338,22 @@ class KitCore(Generic[_K]):
     def _cache_values(self, totals: dict[str, int]) -> Program[None]:
         options = self._options
         for name, total in totals.items():
-            key = options.cache_key(name, "sharded:value")
+            key = sharded_value_key(options, name)
             yield from call(Cache.add, key, total, options.cache_ttl)
+
+
+def _forget(options: Options, deleted: Deleted, stripes: int) -> Program[None]:
+    """Remove the cache keys of the deleted counter ``deleted``, by its kind (a buffered
+    counter's pointers of its first ``stripes`` stripes)."""
+    kind = deleted.info.kind
+    if kind == BufferedCore.kind:
+        yield from forget_buffered(options, deleted, stripes)
+    elif kind == MonotonicCore.kind:
+        yield from forget_monotonic(options, deleted)
+    elif kind == IdCore.kind:
+        yield from forget_ids(options, deleted)
+    else:
+        yield from forget_sharded(options, deleted)
 
 
 class Kit(KitCore[Counter]):
@@ -457,6 +509,39 @@ class Kit(KitCore[Counter]):
         if found == IdAllocator.kind:
             return self.ids(name)
         return self.sharded(name)
+
+    def delete(self, name: str) -> CounterInfo:
+        """Delete counter ``name`` (``CounterNotFound`` if there is none) and return what
+        it was. What a delete guarantees: see ``reset``."""
+        return run(self._delete(name), self.roles)
+
+    def reset(self, name: str) -> CounterInfo:
+        """Reset counter ``name`` (``CounterNotFound`` if there is none) to a new, empty
+        incarnation of the same kind and shards, in one transaction of the store, and
+        return what it was. An id allocator is never reset (``ValidationError``, nothing
+        changed): delete it, and the next allocator of the name starts above every id
+        it reserved.
+
+        What a delete or a reset removes is gone in every process: the counter's shard
+        rows, idempotency keys, flushed generations and maxima, in one transaction;
+        then its cache keys, with a buffered counter's pending increments. A counter
+        created again under the name is a new incarnation, and nothing of the old one
+        shows in it, but for a sharded counter's cached value, for ``cache_ttl`` seconds
+        at most (as any cached read may be that stale).
+
+        A counter object stands for its name. One of the old incarnation, held in this
+        process or another, looks at the store and moves to the incarnation the name
+        holds then, created anew (empty) if it holds none, as opening it would: in this
+        process at its next call; elsewhere at once for a buffered or monotonic counter
+        that shares this kit's cache (its keys are gone), at its next block for an id
+        allocator, and otherwise within ``cache_ttl`` seconds (10 s for a sharded
+        counter). Until then, a sharded counter's writes count in the counter the name
+        holds next (they are made after the delete); a buffered or monotonic counter's,
+        with a cache of its process's own, in keys nothing reads again, and a monotonic
+        one goes on from its old value; an id allocator hands out the rest of its block
+        (no id is ever handed out twice).
+        """
+        return run(self._reset(name), self.roles)
 
     flush_all = blocking(KitCore._flush_all)
     counters = blocking(KitCore._counters_in_store)

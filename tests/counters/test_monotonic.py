@@ -47,20 +47,20 @@ def test_a_lost_key_is_repopulated_from_the_persisted_maximum(kit: shardkit.Kit,
     kept = kit.monotonic(name, chance_to_write=1.0)
     for _ in range(5):
         kept.incr()
-    kit.cache.delete(kit._settings.cache_key(name, "monotonic:value"))
+    kit.cache.delete(kept._value_key)
     assert kept.incr() == 6  # every value was persisted: nothing repeats
 
     unsaved = kit.monotonic(f"{name}:0", chance_to_write=0.0)
     for _ in range(5):
         unsaved.incr()
-    kit.cache.delete(kit._settings.cache_key(f"{name}:0", "monotonic:value"))
+    kit.cache.delete(unsaved._value_key)
     assert unsaved.incr() == 1  # nothing persisted: the values are handed out again
 
 
 def test_a_populate_never_overwrites_a_newer_value(kit: shardkit.Kit, name: str) -> None:
     hits = kit.monotonic(name, chance_to_write=1.0)
     hits.incr(5)
-    key = kit._settings.cache_key(name, "monotonic:value")
+    key = hits._value_key
     kit.cache.delete(key)
     kit.cache.add(key, 100, None)  # another process populated and counted meanwhile
     assert hits.value() == 100
@@ -72,7 +72,7 @@ def test_an_eviction_between_populate_and_increment_is_retried(
 ) -> None:
     hits = kit.monotonic(name, chance_to_write=1.0)
     hits.incr(7)
-    key = kit._settings.cache_key(name, "monotonic:value")
+    key = hits._value_key
     kit.cache.delete(key)
     populate = hits._populate
     evictions = itertools.count()

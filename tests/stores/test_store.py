@@ -177,11 +177,12 @@ def test_retire_folds_generations_into_one_once(store: Store, name: str) -> None
 
 
 def test_raise_max_only_raises_and_maxima_reads_the_highest_shard(store: Store, name: str) -> None:
-    store.raise_max(name, 0, 10)
-    store.raise_max(name, 0, 7)  # lower: kept at 10
-    store.raise_max(name, 3, 12)
-    store.raise_max(name, 5, INT64_MAX)
-    store.raise_max(f"{name}:b", 1, 4)
+    counter = store.open_counter(name, "monotonic", 10)
+    store.raise_max(counter, 0, 10)
+    store.raise_max(counter, 0, 7)  # lower: kept at 10
+    store.raise_max(counter, 3, 12)
+    store.raise_max(counter, 5, INT64_MAX)
+    store.raise_max(store.open_counter(f"{name}:b", "monotonic", 10), 1, 4)
     assert store.maxima([name, f"{name}:b", f"{name}:none"]) == {
         name: INT64_MAX,
         f"{name}:b": 4,
@@ -191,7 +192,8 @@ def test_raise_max_only_raises_and_maxima_reads_the_highest_shard(store: Store, 
 
 
 def test_concurrent_raises_keep_the_highest(store: Store, name: str) -> None:
-    run_together(8, lambda index: [store.raise_max(name, 0, index * 100 + i) for i in range(20)])
+    counter = store.open_counter(name, "monotonic", 1)
+    run_together(8, lambda index: [store.raise_max(counter, 0, index * 100 + i) for i in range(20)])
     assert store.maxima([name])[name] == 719
 
 

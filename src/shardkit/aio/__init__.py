@@ -336,6 +336,14 @@ class AsyncKit(KitCore[AsyncCounter]):
         """The status of every job in the store, newest first."""
         return await arun(job_statuses(self.store), self.store.roles)
 
+    async def delete(self, name: str) -> CounterInfo:
+        """Delete counter ``name``: see ``Kit.delete``."""
+        return await arun(self._delete(name), self.roles)
+
+    async def reset(self, name: str) -> CounterInfo:
+        """Reset counter ``name`` to a new, empty incarnation: see ``Kit.reset``."""
+        return await arun(self._reset(name), self.roles)
+
     values = awaitable(KitCore._values)
     purge_keys = awaitable(KitCore._purge_keys)
     parts = awaitable(KitCore._parts)

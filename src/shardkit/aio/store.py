@@ -68,6 +68,7 @@ class AsyncSqlStore(SqlCore):
     create_schema = awaitable(SqlCore._create_schema)
     identity = awaitable(SqlCore._identity_of_store)
     open_counter = awaitable(SqlCore._open_counter)
+    delete = awaitable(SqlCore._delete)
     counter = awaitable(SqlCore._counter)
     counters = awaitable(SqlCore._counters)
     add = awaitable(SqlCore._add)

@@ -139,7 +139,14 @@ def demo(context: Context, writers: int, seconds: float, as_json: bool) -> None:
         shows = Console(highlight=False, emoji=False, soft_wrap=True)
         if not shows.is_terminal:
             shows.width = 1_000_000
-    result = run_demo(context.store, context.cache, writers=writers, seconds=seconds, console=shows)
+    result = run_demo(
+        context.store,
+        context.cache,
+        writers=writers,
+        seconds=seconds,
+        console=shows,
+        prefix=context.prefix,
+    )
     if as_json:
         mapped = result.mapped
         emit(

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import random
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from shardkit._failures import FailureLog
-from shardkit._program import Call, Program
+from shardkit._program import Call, Program, call
 from shardkit.cache.base import Cache, Placed
 from shardkit.counters.adjuster import Adjuster
-from shardkit.errors import BackendError
-from shardkit.store.base import Store
+from shardkit.errors import BackendError, CounterKindMismatch
+from shardkit.store.base import CounterInfo, Store
 from shardkit.validation import ADJUST_DELAY
 
 log = logging.getLogger("shardkit")
@@ -106,6 +108,61 @@ class CounterSettings(Options):
     def roles(self) -> dict[str, object]:
         """The backends, by the role each plays in the counters' programs."""
         return {"Store": self.store, "Cache": self.cache, "Adjuster": self.adjuster}
+
+
+class CounterCore:
+    """What every counter kind's rules share: the counter's name, its configuration as
+    the store holds it (``info``, of one incarnation: a delete or reset ends it), and
+    the kit's settings. Its programs run on the role ``Store``.
+
+    An object stands for its name: when it finds the incarnation it writes to ended, it
+    moves to the one the store holds, created anew (as the kit's opening creates a
+    counter) if the name holds none."""
+
+    kind: str
+    roles: Mapping[str, Any]
+
+    def __init__(self, info: CounterInfo, options: Options) -> None:
+        self.name = info.name
+        self.info = info
+        self._options = options
+        self._looked_at = time.monotonic()
+
+    def _look_due(self, every: float) -> bool:
+        """Whether ``every`` seconds have passed since ``_follow`` last looked (or the
+        object was opened, or ``_expire``)."""
+        return time.monotonic() - self._looked_at >= every
+
+    def _expire(self) -> None:
+        """Have the next call that may look at the store (``_look_due``) look."""
+        self._looked_at = -math.inf
+
+    def _follow(self) -> Program[bool]:
+        """Read the counter's configuration from the store; if it is another incarnation
+        (or none, or one of another kind: ``CounterKindMismatch`` then), move to it,
+        creating it if none (``_moved``). Returns whether it moved."""
+        info = yield from call(Store.counter, self.name)
+        self._looked_at = time.monotonic()
+        if info is None:
+            shards = self.info.shards
+            info = yield from call(Store.open_counter, self.name, self.kind, shards, grow=False)
+        if info.kind != self.kind:
+            raise CounterKindMismatch(
+                f"{self.name!r} is now a {info.kind} counter, not a {self.kind} counter"
+            )
+        ended, self.info = info.incarnation != self.info.incarnation, info
+        if ended:
+            self._moved()
+        return ended
+
+    def _moved(self) -> None:
+        """Let go of what belonged to the incarnation that ended (its cache keys)."""
+
+
+def incarnation_key(options: Options, info: CounterInfo, part: str) -> str:
+    """The cache key of ``part`` of one incarnation of a counter: a counter created
+    again under the name never meets the keys of its forerunners."""
+    return options.cache_key(info.name, f"{part}:{info.incarnation}")
 
 
 def best_effort(options: Options, action: str, step: Iterable[Call[Any]]) -> Program[None]:

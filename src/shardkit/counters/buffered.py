@@ -53,7 +53,13 @@ from shardkit import metrics
 from shardkit._combine import Combiner
 from shardkit._program import Program, blocking, call, run
 from shardkit.cache.base import Cache
-from shardkit.counters.base import CounterSettings, Options, best_effort
+from shardkit.counters.base import (
+    CounterCore,
+    CounterSettings,
+    Options,
+    best_effort,
+    incarnation_key,
+)
 from shardkit.errors import (
     BackendError,
     CounterOverflow,
@@ -62,7 +68,7 @@ from shardkit.errors import (
     ShardkitError,
 )
 from shardkit.executor.base import Executor
-from shardkit.store.base import RETIRED, CounterInfo, Flushed, Store
+from shardkit.store.base import RETIRED, CounterInfo, Deleted, Flushed, Store
 from shardkit.validation import (
     INT64_MAX,
     INT64_MIN,
@@ -121,26 +127,21 @@ class Sides:
         return self.sides[side](amount)
 
 
-class BufferedCore:
+class BufferedCore(CounterCore):
     """The buffered counter's rules, for its sync and async forms (see
     ``BufferedCounter``). Its programs run on the roles ``Store``, ``Cache``,
     ``Executor`` (which runs the scheduled flushes) and ``Bumps``."""
 
     kind = "buffered"
-    roles: Mapping[str, Any]
 
     def __init__(
         self, info: CounterInfo, options: Options, interval: float, stripes: int = 1
     ) -> None:
-        self.name = info.name
+        super().__init__(info, options)
         self.interval = check_interval(interval)
         self.stripes = check_stripes(stripes)
-        self._options = options
         # Each stripe has a generation of its own, which the cache points at.
-        self._pointer_keys = [
-            options.cache_key(self.name, "buffered:generation" + (f":{s}" if s else ""))
-            for s in range(self.stripes)
-        ]
+        self._pointer_keys = pointer_keys(options, info, self.stripes)
         self._writing: list[tuple[int, tuple[str, str]] | None] = [None] * self.stripes
         # Generations this object started, with the process that started each: a forked
         # child's copy must never retire its parent's live generation.
@@ -185,6 +186,8 @@ class BufferedCore:
         """Add a batch of increments (``side`` 0) or decrements (1) to the sum of the
         generation of a stripe drawn at random, in one cache command."""
         metrics.meter.combined(self.kind, len(amounts))
+        if self._look_due(self._options.cache_ttl):
+            yield from self._follow()
         amount = sum(amounts)
         stripe = random.randrange(self.stripes) if self.stripes > 1 else 0
         writing = self._writing[stripe]
@@ -206,6 +209,8 @@ class BufferedCore:
         absent; then a new one."""
         pointer = yield from call(Cache.get, self._pointer_keys[stripe])
         if pointer is None or pointer == dead:
+            if (yield from self._follow()):  # the counter was deleted or reset
+                return (yield from self._adopt(stripe, dead=None))
             pointer = yield from self._start_generation(stripe, replacing=pointer)
         writing = self._writing[stripe] = (pointer, self._keys(pointer))
         return writing
@@ -256,6 +261,10 @@ class BufferedCore:
         them once dead), so a long-lived counter on a shared cache keeps no list."""
         if not self._options.shared_cache:
             self._started.append((os.getpid(), generation))
+
+    def _moved(self) -> None:
+        self._pointer_keys = pointer_keys(self._options, self.info, self.stripes)
+        self._writing = [None] * self.stripes
 
     def _schedule(self) -> Program[None]:
         """Submit this interval's flush, once per process (and, through the executor's
@@ -374,6 +383,27 @@ class BufferedCounter(BufferedCore):
     flush = blocking(BufferedCore._flush)
     parts = blocking(BufferedCore._parts)
     value = blocking(BufferedCore._value)
+
+
+def pointer_keys(options: Options, info: CounterInfo, stripes: int) -> list[str]:
+    """The keys that point each of ``stripes`` stripes of a buffered counter's
+    incarnation ``info`` at the generation it writes to."""
+    return [
+        incarnation_key(options, info, "buffered:generation" + (f":{s}" if s else ""))
+        for s in range(stripes)
+    ]
+
+
+def forget(options: Options, deleted: Deleted, stripes: int) -> Program[None]:
+    """Remove the cache keys of the deleted buffered counter ``deleted``: its
+    generations' sums (what was pending in them is gone with it; a writer still holding
+    the counter finds them dead) and the pointers of its first ``stripes`` stripes."""
+    info = deleted.info
+    for key in pointer_keys(options, info, stripes):
+        yield from call(Cache.delete, key)
+    for generation in deleted.generations:
+        for key in _keys(options, info.name, generation):
+            yield from call(Cache.delete, key)
 
 
 def _keys(options: Options, name: str, generation: int) -> tuple[str, str]:

@@ -24,15 +24,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Mapping
 from typing import Any, Protocol
 
 from shardkit import metrics
 from shardkit._program import Program, blocking, call
 from shardkit.cache.base import Cache
-from shardkit.counters.base import CounterSettings, Options
+from shardkit.counters.base import CounterCore, CounterSettings, Options, incarnation_key
 from shardkit.errors import BackendError
-from shardkit.store.base import CounterInfo, Store
+from shardkit.store.base import CounterInfo, Deleted, Store
 from shardkit.validation import check_block, check_count
 
 # Blocks whose key the cache lost at once, or failed to increment, before giving up.
@@ -56,18 +55,16 @@ class Clock(Protocol):
     def sleep(self, seconds: float) -> Any: ...
 
 
-class IdCore:
+class IdCore(CounterCore):
     """The id allocator's rules, for its sync and async forms (see ``IdAllocator``); its
     programs run on the roles ``Store``, ``Cache``, ``Guard`` and ``Clock``."""
 
     kind = "ids"
-    roles: Mapping[str, Any]
 
     def __init__(self, info: CounterInfo, options: Options, block: int) -> None:
-        self.name = info.name
+        super().__init__(info, options)
         self.block = check_block(block)
-        self._options = options
-        self._pointer_key = options.cache_key(self.name, "ids:generation")
+        self._pointer_key = pointer_key(options, info)
         self._mark = 0  # the generation written to: its block ends at this id
         self._key = ""
 
@@ -75,7 +72,7 @@ class IdCore:
         return f"<{type(self).__name__} {self.name!r} block={self.block}>"
 
     def _key_of(self, mark: int) -> str:
-        return self._options.cache_key(self.name, f"ids:{mark}")
+        return block_key(self._options, self.name, mark)
 
     def _next(self) -> Program[int]:
         """A new id: one cache round trip, plus one store round trip per block used.
@@ -131,7 +128,7 @@ class IdCore:
         if pointer is not None and pointer > spent:
             self._adopt(pointer)
             return False
-        claim = self._options.cache_key(self.name, f"ids:claim:{spent}")
+        claim = incarnation_key(self._options, self.info, f"ids:claim:{spent}")
         if not (yield from call(Cache.add, claim, 1, _CLAIM_WAIT * 2)):
             newer = yield from self._wait_for_newer(spent, claim)
             if newer is not None:
@@ -170,13 +167,18 @@ class IdCore:
         return None
 
     def _start(self) -> Program[None]:
-        """Reserve a block in the store and publish its generation in the cache."""
+        """Reserve a block in the store (of the allocator's current incarnation:
+        ``CounterCore._follow``) and publish its generation in the cache."""
+        yield from self._follow()
         mark = yield from call(Store.reserve, self.name, self.block)
         metrics.meter.reserved(self.block)
         yield from call(Cache.add, self._key_of(mark), mark - self.block, None)
         yield from call(Cache.delete, self._pointer_key)
         yield from call(Cache.add, self._pointer_key, mark, None)
         self._adopt(mark)
+
+    def _moved(self) -> None:
+        self._pointer_key = pointer_key(self._options, self.info)
 
     def _adopt(self, mark: int) -> None:
         self._key = self._key_of(mark)
@@ -185,6 +187,29 @@ class IdCore:
     def _reserved(self) -> Program[int]:
         """The high-water mark: every id handed out so far is at most this."""
         return (yield from call(Store.total, self.name))
+
+
+def pointer_key(options: Options, info: CounterInfo) -> str:
+    """The cache key that points an id allocator's incarnation ``info`` at the block its
+    ids come from (its mark)."""
+    return incarnation_key(options, info, "ids:generation")
+
+
+def block_key(options: Options, name: str, mark: int) -> str:
+    """The cache key that hands out the ids of the block ending at ``mark`` (no
+    incarnation: a mark is never reserved twice for a name)."""
+    return options.cache_key(name, f"ids:{mark}")
+
+
+def forget(options: Options, deleted: Deleted) -> Program[None]:
+    """Remove the cache keys of the deleted id allocator ``deleted``: its pointer, and
+    the block it points at (a writer still holding the allocator then finds the block
+    gone, and moves to the next allocator of the name)."""
+    key = pointer_key(options, deleted.info)
+    mark = yield from call(Cache.get, key)
+    if mark is not None:
+        yield from call(Cache.delete, block_key(options, deleted.info.name, mark))
+    yield from call(Cache.delete, key)
 
 
 class IdAllocator(IdCore):

@@ -9,15 +9,20 @@ allocator (``Kit.ids``) is the safe alternative.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from shardkit import metrics
 from shardkit._program import Program, blocking, call
 from shardkit.cache.base import Cache
-from shardkit.counters.base import CounterSettings, Options, best_effort
+from shardkit.counters.base import (
+    CounterCore,
+    CounterSettings,
+    Options,
+    best_effort,
+    incarnation_key,
+)
 from shardkit.errors import BackendError, CounterOverflow, InvalidDelta
-from shardkit.store.base import CounterInfo, Store
+from shardkit.store.base import CounterInfo, Deleted, Store
 from shardkit.validation import INT64_MAX, check_chance
 
 # A cache that loses the key again and again between a populate and the increment
@@ -26,12 +31,11 @@ _ATTEMPTS = 5
 _PERSISTING = metrics.action("persisting a maximum")
 
 
-class MonotonicCore:
+class MonotonicCore(CounterCore):
     """The monotonic counter's rules, for its sync and async forms (see
     ``MonotonicCounter``); its programs run on the roles ``Store`` and ``Cache``."""
 
     kind = "monotonic"
-    roles: Mapping[str, Any]
 
     def __init__(
         self,
@@ -40,12 +44,11 @@ class MonotonicCore:
         chance_to_write: float,
         random: Callable[[], float],
     ) -> None:
-        self.name = info.name
+        super().__init__(info, options)
         self.shards = info.shards
         self.chance_to_write = check_chance(chance_to_write)
-        self._options = options
         self._random = random
-        self._key = options.cache_key(self.name, "monotonic:value")
+        self._value_key = value_key(options, info)
 
     def __repr__(self) -> str:
         return (
@@ -64,50 +67,69 @@ class MonotonicCore:
         return metrics.timed(self.kind, self._add(delta))
 
     def _add(self, delta: int) -> Program[int]:
+        if self._look_due(self._options.cache_ttl):
+            yield from self._follow()
         for _ in range(_ATTEMPTS):
-            value = yield from call(Cache.incr, self._key, delta)
+            value = yield from call(Cache.incr, self._value_key, delta)
             if value is not None:
                 break
             yield from self._populate()  # evicted (or never populated): populate, retry
         else:
             raise BackendError(f"the cache kept losing counter {self.name!r}")
         if value > INT64_MAX:  # past what the store holds (Redis refuses it by itself)
-            yield from call(Cache.incr, self._key, -delta)
+            yield from call(Cache.incr, self._value_key, -delta)
             raise CounterOverflow(f"counter {self.name!r} would pass signed 64-bit; not counted")
         if self._random() < self.chance_to_write:
             # The value is handed out whatever happens to this write: failing the call
             # would only hide a value that the cache has already moved past.
-            persisting = call(Store.raise_max, self.name, self._random_shard(), value)
+            persisting = call(Store.raise_max, self.info, self._random_shard(), value)
             yield from best_effort(self._options, _PERSISTING, persisting)
         return value
 
     def _populate(self) -> Program[None]:
-        """Put the persisted maximum in the cache unless a value is there already."""
+        """Put the persisted maximum in the cache unless a value is there already (of the
+        incarnation the store holds: ``CounterCore._follow``)."""
+        yield from self._follow()
         persisted = yield from self._persisted()
-        yield from call(Cache.add, self._key, persisted, None)
+        yield from call(Cache.add, self._value_key, persisted, None)
+
+    def _moved(self) -> None:
+        self._value_key = value_key(self._options, self.info)
 
     def _checkpoint(self) -> Program[None]:
         """Persist the current cached value now (e.g. before a planned cache restart, or
         as closing the kit does for a private, per-process cache)."""
-        cached = yield from call(Cache.get, self._key)
+        cached = yield from call(Cache.get, self._value_key)
         if cached is not None:
-            yield from call(Store.raise_max, self.name, self._random_shard(), cached)
+            yield from call(Store.raise_max, self.info, self._random_shard(), cached)
 
     def _random_shard(self) -> int:
         return min(int(self._random() * self.shards), self.shards - 1)
 
     def _value(self) -> Program[int]:
         """The current value: the cache's, populating it from the store if needed."""
-        cached = yield from call(Cache.get, self._key)
+        if self._look_due(self._options.cache_ttl):
+            yield from self._follow()
+        cached = yield from call(Cache.get, self._value_key)
         if cached is None:
             yield from self._populate()
-            cached = yield from call(Cache.get, self._key)
+            cached = yield from call(Cache.get, self._value_key)
         return (yield from self._persisted()) if cached is None else cached
 
     def _persisted(self) -> Program[int]:
         """The highest value persisted in the store."""
         maxima = yield from call(Store.maxima, [self.name])
         return maxima[self.name]
+
+
+def value_key(options: Options, info: CounterInfo) -> str:
+    """The cache key that holds the value of a monotonic counter's incarnation ``info``."""
+    return incarnation_key(options, info, "monotonic:value")
+
+
+def forget(options: Options, deleted: Deleted) -> Program[None]:
+    """Remove the cached value of the deleted monotonic counter ``deleted``."""
+    yield from call(Cache.delete, value_key(options, deleted.info))
 
 
 class MonotonicCounter(MonotonicCore):

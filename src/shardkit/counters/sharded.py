@@ -6,7 +6,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from shardkit import metrics
@@ -14,12 +14,13 @@ from shardkit._combine import Combiner
 from shardkit._program import Program, blocking, call, run
 from shardkit.cache.base import Cache
 from shardkit.counters.adjuster import Adjuster
-from shardkit.counters.base import CounterSettings, Options, best_effort
+from shardkit.counters.base import CounterCore, CounterSettings, Options, best_effort
 from shardkit.errors import BackendError, ShardkitError
-from shardkit.store.base import CounterInfo, Store
+from shardkit.store.base import CounterInfo, Deleted, Store
 from shardkit.validation import check_delta, check_name, check_shards, sums_fit
 
-# How often a writer re-reads the shard count, to follow a grow() made elsewhere.
+# How often a writer re-reads the counter's configuration, to follow a grow(), delete or
+# reset made elsewhere.
 _SHARDS_REFRESH = 10.0
 # A keyed write purges expired idempotency keys with this probability.
 _PURGE_CHANCE = 1 / 1000
@@ -38,23 +39,20 @@ class Writes(Protocol):
     def __call__(self, write: Write, /) -> bool | ShardkitError: ...
 
 
-class ShardedCore:
+class ShardedCore(CounterCore):
     """The sharded counter's rules, for its sync and async forms (see ``ShardedCounter``).
 
     Its programs run on the roles ``Store``, ``Cache``, ``Adjuster`` and ``Writes``.
     """
 
     kind = "sharded"
-    roles: Mapping[str, Any]
 
     def __init__(self, info: CounterInfo, options: Options, local: Any) -> None:
         """``local`` holds a writer's shard ticket: per thread, or per process where one
         task at a time writes."""
-        self.name = info.name
-        self._options = options
+        super().__init__(info, options)
         self._shards = info.shards
-        self._shards_read_at = time.monotonic()
-        self._value_key = options.cache_key(self.name, "sharded:value")
+        self._value_key = value_key(options, self.name)
         self._ticket_key = options.cache_key(self.name, "sharded:ticket")
         self._local = local
 
@@ -103,7 +101,7 @@ class ShardedCore:
         ticket = held_ticket(self._local)
         if ticket is None:
             ticket = yield from take_ticket(self._options, self._ticket_key, self._local)
-        if time.monotonic() - self._shards_read_at > _SHARDS_REFRESH:
+        if self._look_due(_SHARDS_REFRESH):
             yield from self._refresh_shards()
         shard = ticket % self._shards
         applied = yield from call(Store.add_many, self.name, shard, writes)
@@ -113,12 +111,14 @@ class ShardedCore:
         return list(applied)
 
     def _refresh_shards(self) -> Program[int]:
-        """The current shard count, read from the store."""
-        info = yield from call(Store.counter, self.name)
-        if info is not None:
-            self._shards = max(self._shards, info.shards)
-        self._shards_read_at = time.monotonic()
+        """The current shard count, read from the store (following the name to its
+        current incarnation: ``CounterCore._follow``)."""
+        yield from self._follow()
+        self._shards = max(self._shards, self.info.shards)
         return self._shards
+
+    def _moved(self) -> None:
+        self._shards = self.info.shards
 
     def _applied(self, delta: int) -> Program[None]:
         """Note that a statement of the caller's own has added ``delta`` to this counter's
@@ -133,9 +133,11 @@ class ShardedCore:
         """
         check_shards(shards, self._options.max_shards)
         info = yield from call(Store.open_counter, self.name, self.kind, shards)
-        self._shards = info.shards
-        self._shards_read_at = time.monotonic()
-        return info.shards
+        ended, self.info = info.incarnation != self.info.incarnation, info
+        if ended:
+            self._moved()
+        self._shards = max(self._shards, info.shards)
+        return self._shards
 
     # -- reads -------------------------------------------------------------------------
 
@@ -218,6 +220,18 @@ class ShardedCounter(ShardedCore):
     def shards(self) -> int:
         """The current shard count, read from the store."""
         return run(self._refresh_shards(), self.roles)
+
+
+def value_key(options: Options, name: str) -> str:
+    """The cache key of a sharded counter's cached value. It names no incarnation: the
+    value is read by name (``Kit.values``), and a cached value lives ``cache_ttl``
+    seconds at most, the staleness every cached read allows."""
+    return options.cache_key(name, "sharded:value")
+
+
+def forget(options: Options, deleted: Deleted) -> Program[None]:
+    """Remove the cached value of the deleted sharded counter ``deleted``."""
+    yield from call(Cache.delete, value_key(options, deleted.info.name))
 
 
 def held_ticket(local: Any) -> int | None:

@@ -15,6 +15,19 @@ class CounterInfo:
     name: str
     kind: str
     shards: int
+    incarnation: int
+    """Which life of the name this is: drawn anew whenever a counter is created (first,
+    again after a delete, or by a reset). Its cache keys and a monotonic counter's
+    maxima are its own."""
+
+
+@dataclass(frozen=True)
+class Deleted:
+    """What ``Store.delete`` removed: the counter's configuration, and the buffered
+    generations it had (whose cache keys are left to remove)."""
+
+    info: CounterInfo
+    generations: list[int]
 
 
 RETIRED = 0
@@ -64,6 +77,13 @@ class Store(Protocol):
         Atomic. Raises ``CounterKindMismatch`` if ``name`` is a counter of another kind.
         """
 
+    def delete(self, name: str, *, reset: bool = False) -> Deleted | None:
+        """Delete counter ``name`` and everything the store holds of it (shard rows,
+        idempotency keys, flushed generations, maxima), in one transaction; with
+        ``reset``, create it again, of the same kind and shards, as a new incarnation in
+        that transaction. None if there is no such counter. An id allocator's mark is
+        kept (``reserve``), and an allocator is never reset (``ValidationError``)."""
+
     def counter(self, name: str) -> CounterInfo | None:
         """The configuration of counter ``name``, or None if it does not exist."""
 
@@ -92,7 +112,7 @@ class Store(Protocol):
 
     def total(self, name: str) -> int:
         """Exact value of ``name`` in the store: the sum of its shard rows and the net of its
-        flushed generations (0 if it has neither)."""
+        flushed generations, or an id allocator's mark (0 if it has none of them)."""
 
     def totals(self, names: Iterable[str]) -> dict[str, int]:
         """``total`` of many counters in one query; an unknown name maps to 0."""
@@ -118,18 +138,20 @@ class Store(Protocol):
         record, if it still is ``applied``, and add its sums to ``RETIRED``'s, in one
         transaction (the value is unchanged). Returns whether it did."""
 
-    def raise_max(self, name: str, shard: int, value: int) -> None:
-        """Set shard ``shard`` of monotonic counter ``name`` to ``value`` if that is higher
-        than what it holds (creating the row if needed), in one atomic statement."""
+    def raise_max(self, counter: CounterInfo, shard: int, value: int) -> None:
+        """Set shard ``shard`` of (this incarnation of) monotonic counter ``counter`` to
+        ``value`` if that is higher than what it holds (creating the row if needed), in
+        one atomic statement."""
 
     def maxima(self, names: Iterable[str]) -> dict[str, int]:
-        """The highest value persisted over each counter's shards, in one query (0 for a
-        counter without any)."""
+        """The highest value persisted over each counter's shards by its current
+        incarnation, in one query (0 for a counter without any)."""
 
     def reserve(self, name: str, count: int) -> int:
         """Raise the high-water mark of id allocator ``name`` by ``count`` and return the
         new mark (the block ``mark - count + 1 … mark`` is the caller's). Atomic and
-        durable before it returns; marks only grow."""
+        durable before it returns; marks only grow, and outlive the allocator: one made
+        again under the name goes on from its forerunner's mark."""
 
     def purge_keys(self, older_than: float) -> int:
         """Delete idempotency keys recorded before the epoch time ``older_than``; return how

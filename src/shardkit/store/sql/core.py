@@ -4,6 +4,7 @@ their tables, statements and programs (``SqlCore``), run on the role ``Sql``."""
 from __future__ import annotations
 
 import random
+import secrets
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,14 +24,16 @@ from shardkit.errors import (
     CounterOverflow,
     InvalidDelta,
     ShardkitError,
+    ValidationError,
 )
-from shardkit.store.base import RETIRED, CounterInfo, Flushed
+from shardkit.store.base import RETIRED, CounterInfo, Deleted, Flushed
 from shardkit.validation import sums_fit
 
 from .dialect import Dialect, Text, added, greatest_of
 
 _T = TypeVar("_T")
 _DEADLOCK_RETRIES = 5
+IDS = "ids"  # the kind of id allocators, whose marks outlive them
 
 
 class Sql(Protocol):
@@ -56,11 +59,14 @@ class SqlCore:
     """What the sync and async SQL stores share: the tables, the statements and the rules
     (``Store``'s methods, as programs run on the role ``Sql``).
 
-    Tables are named ``{prefix}counters``, ``{prefix}shards``, ``{prefix}keys``,
-    ``{prefix}flushed`` (what each cache generation of a buffered counter has flushed),
-    ``{prefix}maxima`` (the highest values persisted by monotonic counters),
-    ``{prefix}identity`` (the store's identity, one row), and the
-    mapper's ledger, ``{prefix}jobs`` and ``{prefix}ranges``.
+    Tables are named ``{prefix}counters`` (one row per counter: its kind, shards and
+    incarnation), the rows that belong to one incarnation of a counter (deleted with
+    it): ``{prefix}shards``, ``{prefix}keys`` (idempotency keys), ``{prefix}flushed``
+    (what each cache generation of a buffered counter has flushed), ``{prefix}maxima``
+    (the highest values persisted by monotonic counters); ``{prefix}marks`` (each id
+    allocator's high-water mark, kept when it is deleted), ``{prefix}identity`` (the
+    store's identity, one row), and the mapper's ledger, ``{prefix}jobs`` and
+    ``{prefix}ranges``.
     """
 
     combinable = True  # its writes run on connections of its own
@@ -79,6 +85,7 @@ class SqlCore:
             sa.Column("name", Text(), primary_key=True),
             sa.Column("kind", sa.String(16), nullable=False),
             sa.Column("shards", sa.Integer, nullable=False),
+            sa.Column("incarnation", sa.BigInteger, nullable=False),
         )
         self.shards_table = sa.Table(
             f"{prefix}shards",
@@ -106,18 +113,27 @@ class SqlCore:
             sa.Column("down", sa.BigInteger, nullable=False),
             sa.Column("created_at", sa.Double, nullable=False),
         )
+        self.maxima_table = sa.Table(
+            f"{prefix}maxima",
+            metadata,
+            sa.Column("name", Text(), primary_key=True),
+            # A monotonic counter's maxima are its incarnation's: an object of a deleted
+            # one may still persist a value, which the next one must not read.
+            sa.Column("incarnation", sa.BigInteger, primary_key=True, autoincrement=False),
+            sa.Column("shard", sa.Integer, primary_key=True, autoincrement=False),
+            sa.Column("value", sa.BigInteger, nullable=False),
+        )
+        self.marks_table = sa.Table(
+            f"{prefix}marks",
+            metadata,
+            sa.Column("name", Text(), primary_key=True),
+            sa.Column("mark", sa.BigInteger, nullable=False),
+        )
         self.identity_table = sa.Table(
             f"{prefix}identity",
             metadata,
             sa.Column("one", sa.Integer, primary_key=True, autoincrement=False),  # always 1
             sa.Column("identity", sa.String(32), nullable=False),
-        )
-        self.maxima_table = sa.Table(
-            f"{prefix}maxima",
-            metadata,
-            sa.Column("name", Text(), primary_key=True),
-            sa.Column("shard", sa.Integer, primary_key=True, autoincrement=False),
-            sa.Column("value", sa.BigInteger, nullable=False),
         )
         # The mapper's ledger (shardkit.mapper.ledger): its jobs and their key ranges.
         self.jobs_table = sa.Table(
@@ -157,6 +173,11 @@ class SqlCore:
         self._upsert_add = self.dialect.upsert(self.shards_table, {"value": added})
         self._fold = self.dialect.upsert(self.flushed_table, {"up": added, "down": added})
         self._raise_max = self.dialect.upsert(self.maxima_table, {"value": greatest_of})
+        self._reserve_block = self.dialect.upsert(self.marks_table, {"mark": added})
+        counters = self.counters_table
+        self._info = sa.select(
+            counters.c.name, counters.c.kind, counters.c.shards, counters.c.incarnation
+        )
         self._identity: str | None = None
         self.roles: Mapping[str, Any] = {"Sql": self}
 
@@ -223,7 +244,21 @@ class SqlCore:
 
     def _create_tables(self, conn: Connection) -> None:
         self.metadata.create_all(conn, checkfirst=True)
+        self.check_current(conn)
         self.add_missing_columns(conn)
+
+    def check_current(self, conn: Connection) -> None:
+        """``ConfigurationError`` if the counters table was made by a development version
+        of shardkit (0.1.0 before its release) whose counters had no incarnations: its
+        tables cannot be used, nor changed in place."""
+        table = self.counters_table
+        have = {column["name"] for column in sa.inspect(conn).get_columns(table.name)}
+        if "incarnation" not in have:
+            raise ConfigurationError(
+                f"the table {table.name} in {self.url} was made by a development version of "
+                "shardkit (before 0.1.0) and cannot be used: drop the prefix's tables, or "
+                "choose another prefix"
+            )
 
     def add_missing_columns(self, conn: Connection) -> None:
         """Add to tables made by an earlier version the nullable columns they lack (a
@@ -273,35 +308,66 @@ class SqlCore:
                     .where(table.c.name == name, table.c.kind == kind, table.c.shards < shards)
                     .values(shards=shards)
                 )
-            self.dialect.insert_ignore(conn, table, {"name": name, "kind": kind, "shards": shards})
-            return conn.execute(
-                sa.select(table.c.kind, table.c.shards).where(table.c.name == name)
-            ).one()
+            self._insert_counter(conn, {"name": name, "kind": kind, "shards": shards})
+            return conn.execute(self._info.where(table.c.name == name)).one()
 
         found = yield from call(Sql.transaction, f"opening counter {name!r}", work)
         if found.kind != kind:
             raise CounterKindMismatch(f"{name!r} is a {found.kind} counter, not a {kind} counter")
-        return CounterInfo(name, kind, int(found.shards))
+        return _info(found)
+
+    def _insert_counter(self, conn: Connection, made: Mapping[str, Any]) -> bool:
+        """Insert a counter's row, a new incarnation, unless the name has one; return
+        whether it did."""
+        row = {**made, "incarnation": new_incarnation()}
+        return self.dialect.insert_ignore(conn, self.counters_table, row)
+
+    def _delete(self, name: str, *, reset: bool = False) -> Program[Deleted | None]:
+        """See ``Store.delete``."""
+        counters, flushed = self.counters_table, self.flushed_table
+        this = counters.c.name == name
+
+        def work(conn: Connection) -> Deleted | None:
+            # Locks the counter's row (SQLite: the database) before anything is read.
+            conn.execute(sa.update(counters).where(this).values(kind=counters.c.kind))
+            found = conn.execute(self._info.where(this)).first()
+            if found is None:
+                return None
+            info = _info(found)
+            if reset and info.kind == IDS:
+                raise ValidationError(
+                    f"{name!r} is an id allocator: a reset would hand its ids out again "
+                    "(delete it: the next allocator of the name starts above them)"
+                )
+            generations = [
+                int(generation)
+                for (generation,) in conn.execute(
+                    sa.select(flushed.c.generation).where(
+                        flushed.c.name == name, flushed.c.generation != RETIRED
+                    )
+                )
+            ]
+            for table in (self.keys_table, flushed, self.maxima_table, self.shards_table):
+                conn.execute(sa.delete(table).where(table.c.name == name))
+            conn.execute(sa.delete(counters).where(this))
+            if reset:
+                self._insert_counter(conn, {"name": name, "kind": info.kind, "shards": info.shards})
+            return Deleted(info, generations)
+
+        verb = "resetting" if reset else "deleting"
+        return (yield from call(Sql.transaction, f"{verb} counter {name!r}", work))
 
     def _counter(self, name: str) -> Program[CounterInfo | None]:
         """See ``Store.counter``."""
-        table = self.counters_table
-        rows = yield from call(
-            Sql.read,
-            f"reading counter {name!r}",
-            sa.select(table.c.name, table.c.kind, table.c.shards).where(table.c.name == name),
-        )
-        return CounterInfo(rows[0].name, rows[0].kind, int(rows[0].shards)) if rows else None
+        statement = self._info.where(self.counters_table.c.name == name)
+        rows = yield from call(Sql.read, f"reading counter {name!r}", statement)
+        return _info(rows[0]) if rows else None
 
     def _counters(self) -> Program[list[CounterInfo]]:
         """See ``Store.counters``."""
-        table = self.counters_table
-        rows = yield from call(
-            Sql.read,
-            "listing counters",
-            sa.select(table.c.name, table.c.kind, table.c.shards).order_by(table.c.name),
-        )
-        return [CounterInfo(row.name, row.kind, int(row.shards)) for row in rows]
+        statement = self._info.order_by(self.counters_table.c.name)
+        rows = yield from call(Sql.read, "listing counters", statement)
+        return [_info(row) for row in rows]
 
     # -- writes ------------------------------------------------------------------------
 
@@ -368,9 +434,12 @@ class SqlCore:
         result = dict.fromkeys(wanted, 0)
         if not wanted:
             return result
-        shards, flushed = self.shards_table, self.flushed_table
+        shards, flushed, marks = self.shards_table, self.flushed_table, self.marks_table
+        counters = self.counters_table
         high, low, scale = self.dialect.exact_sum(shards.c.value)
         net_high, net_low, _ = self.dialect.exact_sum(flushed.c.up - flushed.c.down)
+        mark_high, mark_low, _ = self.dialect.exact_sum(marks.c.mark)
+        allocator = sa.and_(counters.c.name == marks.c.name, counters.c.kind == IDS)
         rows = yield from call(
             Sql.read,
             "reading counter values",
@@ -381,6 +450,10 @@ class SqlCore:
                 sa.select(flushed.c.name, net_high, net_low)
                 .where(flushed.c.name.in_(wanted))
                 .group_by(flushed.c.name),
+                sa.select(marks.c.name, mark_high, mark_low)
+                .join(counters, allocator)
+                .where(marks.c.name.in_(wanted))
+                .group_by(marks.c.name),
             ),
         )
         for name, high_sum, low_sum in rows:
@@ -477,12 +550,13 @@ class SqlCore:
 
     # -- monotonic counters' maxima ----------------------------------------------------
 
-    def _raise_max_of(self, name: str, shard: int, value: int) -> Program[None]:
+    def _raise_max_of(self, counter: CounterInfo, shard: int, value: int) -> Program[None]:
         """See ``Store.raise_max``."""
-        params = {"p_name": name, "p_shard": shard, "p_value": value}
+        params = {"p_name": counter.name, "p_incarnation": counter.incarnation}
+        params.update(p_shard=shard, p_value=value)
         yield from call(
             Sql.transaction,
-            f"persisting the maximum of counter {name!r}",
+            f"persisting the maximum of counter {counter.name!r}",
             lambda conn: conn.execute(self._raise_max, params),
         )
 
@@ -492,11 +566,18 @@ class SqlCore:
         result = dict.fromkeys(wanted, 0)
         if not wanted:
             return result
-        table = self.maxima_table
+        table, counters = self.maxima_table, self.counters_table
         rows = yield from call(
             Sql.read,
             "reading counter maxima",
             sa.select(table.c.name, sa.func.max(table.c.value))
+            .join(
+                counters,
+                sa.and_(
+                    counters.c.name == table.c.name,
+                    counters.c.incarnation == table.c.incarnation,
+                ),
+            )
             .where(table.c.name.in_(wanted))
             .group_by(table.c.name),
         )
@@ -507,17 +588,17 @@ class SqlCore:
 
     def _reserve(self, name: str, count: int) -> Program[int]:
         """See ``Store.reserve``."""
-        table = self.shards_table
-        params = {"p_name": name, "p_shard": 0, "p_value": count}
+        table = self.marks_table
+        params = {"p_name": name, "p_mark": count}
         if self.dialect.is_mysql:  # no RETURNING: read the row back under the upsert's lock
-            mark = sa.select(table.c.value).where(table.c.name == name, table.c.shard == 0)
+            mark = sa.select(table.c.mark).where(table.c.name == name)
 
             def work(conn: Connection) -> int:
-                conn.execute(self._upsert_add, params)
+                conn.execute(self._reserve_block, params)
                 return int(conn.execute(mark).scalar_one())
 
         else:
-            returning = self._upsert_add.returning(table.c.value)
+            returning = self._reserve_block.returning(table.c.mark)
 
             def work(conn: Connection) -> int:
                 return int(conn.execute(returning, params).scalar_one())
@@ -537,6 +618,16 @@ class SqlCore:
                 lambda conn: int(conn.execute(statement).rowcount),
             )
         )
+
+
+def _info(row: Any) -> CounterInfo:
+    return CounterInfo(row.name, row.kind, int(row.shards), int(row.incarnation))
+
+
+def new_incarnation() -> int:
+    """A counter's incarnation: drawn at random (63 bits), so a name's incarnations never
+    meet, whatever was deleted."""
+    return secrets.randbits(63)
 
 
 __all__ = ["Sql", "SqlCore"]

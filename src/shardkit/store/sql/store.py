@@ -59,16 +59,21 @@ class SqlStore(SqlCore):
     create_schema = blocking(SqlCore._create_schema)
 
     def has_schema(self) -> bool:
-        """See ``Store.has_schema``."""
+        """See ``Store.has_schema`` (``ConfigurationError`` for tables of a development
+        version: ``check_current``)."""
         try:
             with self.engine.connect() as conn:
                 inspector = sa.inspect(conn)
-                return all(inspector.has_table(t.name) for t in self.metadata.sorted_tables)
+                if not all(inspector.has_table(t.name) for t in self.metadata.sorted_tables):
+                    return False
+                self.check_current(conn)
+                return True
         except SQLAlchemyError as exc:
             raise self._error(exc, "looking for the schema") from exc
 
     identity = blocking(SqlCore._identity_of_store)
     open_counter = blocking(SqlCore._open_counter)
+    delete = blocking(SqlCore._delete)
     counter = blocking(SqlCore._counter)
     counters = blocking(SqlCore._counters)
     add = blocking(SqlCore._add)
