@@ -18,7 +18,13 @@ import shardkit.aio
 import workers
 from backends import CACHE_URLS, CLUSTER, PREFIX, STORE_URLS, Target, cache_url_of, require
 from received import increments_received, row_writes
-from shardkit.errors import ConfigurationError, CounterOverflow, InvalidDelta
+from shardkit.errors import (
+    ConfigurationError,
+    CounterNotFound,
+    CounterOverflow,
+    InvalidDelta,
+    ValidationError,
+)
 from shardkit.store import open_store
 from shardkit.store.sql import SqlStore
 from shardkit.store.sql.engines import _POOLED
@@ -401,6 +407,40 @@ def test_closing_flushes_what_is_pending(store_url: str, aio_cache_url: str, nam
     with_kit(store_url, aio_cache_url, work)
     with Target(store_url, "memory://").connect() as kit:
         assert kit.store.total(name) == 40
+
+
+def test_async_delete_and_reset_end_every_kind(
+    store_url: str, aio_cache_url: str, name: str
+) -> None:
+    """The async kit's delete and reset: what the sync kit's do (``test_lifecycle``),
+    awaited; its objects of the old incarnation move to the new one."""
+
+    async def work(kit: shardkit.aio.AsyncKit) -> None:
+        votes = await kit.sharded(f"{name}:s")
+        await votes.incr(5)
+        hits = await kit.buffered(f"{name}:b", interval=3600)
+        await hits.incr(3)
+        sequence = await kit.monotonic(f"{name}:m", chance_to_write=1.0)
+        await sequence.incr(9)
+        ids = await kit.ids(f"{name}:i", block=10)
+        first = await ids.take(2)
+        for suffix in "sbm":
+            was = await kit.reset(f"{name}:{suffix}")
+            assert was.name == f"{name}:{suffix}"
+        assert await votes.value(fresh=True) == 0
+        assert await hits.value() == 0
+        assert await sequence.incr() == 1
+        with pytest.raises(ValidationError, match="id allocator"):
+            await kit.reset(f"{name}:i")
+        await kit.delete(f"{name}:i")
+        with pytest.raises(CounterNotFound):
+            await kit.get(f"{name}:i")
+        later = await (await kit.ids(f"{name}:i", block=10)).take(2)
+        assert min(later) > 10 >= max(first)
+        await hits.incr(2)
+        assert await hits.value() == 2
+
+    with_kit(store_url, aio_cache_url, work)
 
 
 # -- monotonic counters and id allocators -------------------------------------------------

@@ -52,10 +52,19 @@ def run(sqlite_url: str) -> Run:
     return lambda *args: invoke(sqlite_url, PREFIX, *args)
 
 
-@pytest.fixture
-def own(tmp_path: Path) -> Run:
+class Own:
     """The command on a SQLite store of the test's own, empty (made by the first write)."""
-    return lambda *args: invoke(f"sqlite:///{tmp_path / 'own.db'}", "own_", *args)
+
+    def __init__(self, path: Path) -> None:
+        self.url = f"sqlite:///{path}"
+
+    def __call__(self, *args: str) -> tuple[int, str, str]:
+        return invoke(self.url, "own_", *args)
+
+
+@pytest.fixture
+def own(tmp_path: Path) -> Own:
+    return Own(tmp_path / "own.db")
 
 
 def _no_escape(*texts: str) -> None:
@@ -66,7 +75,7 @@ def _no_escape(*texts: str) -> None:
 
 
 @pytest.mark.parametrize("name", HOSTILE)
-def test_a_hostile_name_goes_through_every_command_verbatim(own: Run, name: str) -> None:
+def test_a_hostile_name_goes_through_every_command_verbatim(own: Own, name: str) -> None:
     for before in (False, True):  # alone, then among other counters
         if before:
             assert own("incr", f"other-{uuid.uuid4().hex}")[0] == 0
@@ -92,11 +101,24 @@ def test_a_hostile_name_goes_through_every_command_verbatim(own: Run, name: str)
         assert code == 1
         _no_escape(out, err)
         assert err.count("\n") == 1
+        assert own("reset", target, "--yes") == (0, f"{shown(target)}: reset (sharded)\n", "")
+        assert own("get", target) == (0, "0\n", "")
+        assert own("delete", target, "--yes") == (0, f"{shown(target)}: deleted (sharded)\n", "")
+        code, out, err = own("get", target)
+        assert (code, out) == (1, "")
+        assert err == f"error: no counter named {shown(repr(target))} in {own.url}\n"
 
 
 @pytest.mark.parametrize("name", REFUSED)
-def test_a_refused_name_is_one_escaped_line_and_writes_nothing(own: Run, name: str) -> None:
-    for command in (("incr", name), ("get", name), ("ids", name), ("grow", name, "3")):
+def test_a_refused_name_is_one_escaped_line_and_writes_nothing(own: Own, name: str) -> None:
+    for command in (
+        ("incr", name),
+        ("get", name),
+        ("ids", name),
+        ("grow", name, "3"),
+        ("delete", name, "--yes"),
+        ("reset", name),
+    ):
         code, out, err = own(*command)
         assert (code, out) == (1, "")
         _no_escape(err)
@@ -148,9 +170,48 @@ def test_json_objects_have_the_documented_keys(run: Run, name: str) -> None:
         "before": 20,
         "shards": 25,
     }
+    assert json.loads(run("reset", name, "--yes", "--json")[1]) == {
+        "name": name,
+        "kind": "sharded",
+        "shards": 25,
+        "reset": True,
+    }
+    assert json.loads(run("delete", name, "--yes", "--json")[1]) == {
+        "name": name,
+        "kind": "sharded",
+        "shards": 25,
+        "deleted": True,
+    }
 
 
-def test_piped_output_is_never_wrapped_or_cut(own: Run) -> None:
+def test_delete_and_reset_ask_first(run: Run, name: str, sqlite_url: str) -> None:
+    run("incr", name, "--by", "7")
+
+    def answer(command: str, reply: str) -> tuple[int, str, str]:
+        arguments = ["--store", sqlite_url, "--prefix", PREFIX, command, name]
+        result = CliRunner().invoke(main, arguments, input=reply)
+        return result.exit_code, result.stdout, result.stderr
+
+    for command in ("delete", "reset"):
+        code, out, err = answer(command, "n\n")
+        assert (code, out) == (1, "")
+        assert err == f"{command.capitalize()} sharded counter {name}? [y/N]: n\nAborted!\n"
+        assert run("get", name) == (0, "7\n", "")  # kept
+    assert answer("reset", "y\n")[:2] == (0, f"{name}: reset (sharded)\n")
+    assert run("get", name, "--fresh") == (0, "0\n", "")
+    assert answer("delete", "")[0] == 1  # no answer (end of input): refused
+    assert answer("delete", "y\n")[:2] == (0, f"{name}: deleted (sharded)\n")
+    assert run("get", name)[0] == 1
+    ids = f"{name}:ids"
+    run("ids", ids, "--count", "3")
+    code, out, err = run("reset", ids, "--yes")
+    assert (code, out) == (1, "")
+    assert "is an id allocator: a reset would hand its ids out again" in err
+    assert run("delete", ids, "--yes")[0] == 0
+    assert run("ids", ids, "--count", "1") == (0, "1001\n", "")  # above every id before
+
+
+def test_piped_output_is_never_wrapped_or_cut(own: Own) -> None:
     long = "w" * 200
     own("incr", long, "--by", "123456789012345")
     code, out, _ = own("list")
@@ -168,6 +229,8 @@ def test_commands_that_read_create_nothing(tmp_path: Path) -> None:
         ("jobs",),
         ("jobs", "status", "j"),
         ("flush", "--all"),
+        ("delete", "x", "--yes"),
+        ("reset", "x", "--yes"),
     ):
         code, out, err = invoke(f"sqlite:///{missing}", "shardkit_", *command)
         assert (code, out) == (1, "")
@@ -198,6 +261,8 @@ def test_commands_that_read_create_nothing(tmp_path: Path) -> None:
         ("grow", "x", "many"),
         ("ids", "x", "--count", "0"),
         ("flush",),
+        ("delete",),
+        ("reset", "x", "--yes", "--no"),
         ("jobs", "--limit", "0"),
         ("jobs", "status"),
         ("metrics", "--port", "70000"),

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from backends import PREFIX, STORE_URLS, run_together, store_url_for
-from shardkit.errors import CounterKindMismatch, CounterOverflow
+from shardkit.errors import CounterKindMismatch, CounterOverflow, ValidationError
 from shardkit.store import Flushed, Store, open_store
 from shardkit.store.base import RETIRED
 from shardkit.validation import INT64_MAX, INT64_MIN
@@ -195,6 +195,56 @@ def test_concurrent_raises_keep_the_highest(store: Store, name: str) -> None:
     counter = store.open_counter(name, "monotonic", 1)
     run_together(8, lambda index: [store.raise_max(counter, 0, index * 100 + i) for i in range(20)])
     assert store.maxima([name])[name] == 719
+
+
+def test_delete_removes_every_row_of_the_counter_in_one_go(store: Store, name: str) -> None:
+    sharded = store.open_counter(name, "sharded", 4)
+    assert store.add(name, 1, 5, key="k")
+    store.open_counter(f"{name}:b", "buffered", 1)
+    store.add_generation(f"{name}:b", 7)
+    store.advance(f"{name}:b", 7, Flushed(), Flushed(up=3))
+    deleted = store.delete(name)
+    assert deleted is not None
+    assert (deleted.info, deleted.generations) == (sharded, [])
+    assert (store.counter(name), store.total(name)) == (None, 0)
+    assert store.delete(name) is None
+    assert store.add(name, 1, 1, key="k")  # its key went with it
+    buffered = store.delete(f"{name}:b")
+    assert buffered is not None
+    assert buffered.generations == [7]
+    assert store.generations([f"{name}:b"]) == {}
+    assert store.total(f"{name}:b") == 0
+
+
+def test_reset_is_a_new_empty_incarnation_of_the_same_counter(store: Store, name: str) -> None:
+    old = store.open_counter(name, "monotonic", 3)
+    store.raise_max(old, 1, 50)
+    assert store.delete(name, reset=True) is not None
+    new = store.counter(name)
+    assert new is not None
+    assert (new.kind, new.shards) == ("monotonic", 3)
+    assert new.incarnation != old.incarnation
+    assert store.maxima([name]) == {name: 0}
+    store.raise_max(old, 2, 70)  # an object of the old incarnation persists a value
+    assert store.maxima([name]) == {name: 0}  # which the new one never reads
+    store.raise_max(new, 0, 4)
+    assert store.maxima([name]) == {name: 4}
+
+
+def test_an_allocator_is_never_reset_and_its_mark_outlives_it(store: Store, name: str) -> None:
+    store.open_counter(name, "ids", 1)
+    assert store.reserve(name, 10) == 10
+    with pytest.raises(ValidationError, match="id allocator"):
+        store.delete(name, reset=True)
+    assert store.total(name) == 10
+    assert store.delete(name) is not None
+    assert store.total(name) == 0  # no allocator: no value
+    store.open_counter(name, "sharded", 2)
+    assert store.total(name) == 0  # the mark is no sharded counter's value
+    store.delete(name)
+    store.open_counter(name, "ids", 1)
+    assert store.total(name) == 10
+    assert store.reserve(name, 5) == 15
 
 
 @pytest.mark.parametrize("kind", list(STORE_URLS))

@@ -1,5 +1,5 @@
-"""The counters' commands: ``incr``, ``get``, ``grow``, ``ids``, ``flush``, ``worker``,
-``list``, ``purge-keys``."""
+"""The counters' commands: ``incr``, ``get``, ``grow``, ``delete``, ``reset``, ``ids``,
+``flush``, ``worker``, ``list``, ``purge-keys``."""
 
 from __future__ import annotations
 
@@ -137,6 +137,53 @@ def grow(context: Context, name: str, shards: int, as_json: bool) -> None:
         out.print(shown(f"{name}: {now} shards"))
     else:
         out.print(shown(f"{name}: kept {now} shards (a shard count never shrinks)"))
+
+
+@main.command()
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+@pass_context
+def delete(context: Context, name: str, yes: bool, as_json: bool) -> None:
+    """Delete counter NAME: its value, pending increments, cached values and
+    idempotency keys. Asks first, unless --yes. An id allocator's next incarnation
+    starts above every id it reserved.
+
+    --json: {"name", "kind", "shards", "deleted": true}."""
+    _end(context, name, yes=yes, as_json=as_json, reset=False)
+
+
+@main.command()
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+@pass_context
+def reset(context: Context, name: str, yes: bool, as_json: bool) -> None:
+    """Reset counter NAME to 0 (to nothing, a monotonic counter): the same kind and
+    shards, none of its value, pending increments, cached values or idempotency keys.
+    Asks first, unless --yes. An id allocator is never reset (delete it).
+
+    --json: {"name", "kind", "shards", "reset": true}."""
+    _end(context, name, yes=yes, as_json=as_json, reset=True)
+
+
+def _end(context: Context, name: str, *, yes: bool, as_json: bool, reset: bool) -> None:
+    """``delete`` and ``reset``: ask (unless ``yes``), then end the counter."""
+    kit = context.reader
+    info = kit.store.counter(check_name(name))
+    if info is None:
+        raise shardkit.CounterNotFound(f"no counter named {name!r} in {kit.store.url}")
+    verb = "reset" if reset else "delete"
+    if not yes:
+        click.confirm(
+            f"{verb.capitalize()} {info.kind} counter {shown(name)!s}?", abort=True, err=True
+        )
+    ended = kit.reset(name) if reset else kit.delete(name)
+    if as_json:
+        done = "reset" if reset else "deleted"
+        emit({"name": name, "kind": ended.kind, "shards": ended.shards, done: True})
+    else:
+        out.print(shown(f"{name}: {'reset' if reset else 'deleted'} ({ended.kind})"))
 
 
 @main.command()

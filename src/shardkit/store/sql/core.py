@@ -337,7 +337,7 @@ class SqlCore:
             if reset and info.kind == IDS:
                 raise ValidationError(
                     f"{name!r} is an id allocator: a reset would hand its ids out again "
-                    "(delete it: the next allocator of the name starts above them)"
+                    "(delete it: one made again under the name goes on above them)"
                 )
             generations = [
                 int(generation)
