@@ -8,7 +8,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import QueuePool
@@ -48,10 +48,7 @@ from shardkit.errors import (
     StoreNotFound,
 )
 from shardkit.executor import Executor, LocalExecutor, Marks
-from shardkit.mapper import Batch, Completion, Job, JobStatus, Mapper, MapSpec, Signer
-from shardkit.mapper.runner import TASK
-from shardkit.mapper.source import as_source
-from shardkit.mapper.spec import resolve
+from shardkit.mapper import TASK
 from shardkit.store import CounterInfo, Store, open_store
 from shardkit.store.base import Deleted
 from shardkit.store.sql import SqlStore
@@ -69,6 +66,9 @@ from shardkit.validation import (
     check_shards,
     check_stripes,
 )
+
+if TYPE_CHECKING:
+    from shardkit.mapper import Batch, Completion, Job, JobStatus, Mapper
 
 DEFAULT_STORE = "sqlite:///shardkit.db"
 DEFAULT_CACHE = "memory://"
@@ -370,7 +370,7 @@ class Kit(KitCore[Counter]):
         self._settings = settings
         self.roles = settings.roles
         self.executor = executor
-        self._signer = Signer(secret) if secret else None
+        self._secret = secret
         self._mapper: Mapper | None = None
         executor.bind(self._tasks(), Marks(settings.cache, lambda n: settings.cache_key(n, "task")))
 
@@ -392,7 +392,11 @@ class Kit(KitCore[Counter]):
                         f"mapping needs a SQL store, not {self.store.url}: the ledger "
                         "and the source share its transactions"
                     )
-                self._mapper = Mapper(self.store, self.executor, self._signer)
+                from shardkit.mapper.runner import Mapper
+                from shardkit.mapper.spec import Signer
+
+                signer = Signer(self._secret) if self._secret else None
+                self._mapper = Mapper(self.store, self.executor, signer)
             return self._mapper
 
     @property
@@ -582,6 +586,9 @@ class Kit(KitCore[Counter]):
         (``"package.module:name"``). Starting a ``job`` id that exists resumes that job.
         Bad options raise before anything is written.
         """
+        from shardkit.mapper.source import as_source
+        from shardkit.mapper.spec import MapSpec, resolve
+
         check_mapping(page_size, fanout, retries)
         job_id = uuid.uuid4().hex if job is None else check_job_id(job)
         if isinstance(fn, str):

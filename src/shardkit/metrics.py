@@ -18,9 +18,12 @@ outcomes, the flushes' outcomes, each action declared with ``action()``.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 from shardkit._program import Program
@@ -36,6 +39,8 @@ FLUSHES = ("moved", "idle", "failed")
 # The actions whose failures the kits ride out (``FailureLog``), declared by the modules
 # that do them, and the background tasks.
 _actions: set[str] = set()
+# Whether a kit opened now turns metrics on (see ``unread``).
+_read = contextvars.ContextVar("shardkit_metrics_read", default=True)
 
 
 def action(name: str) -> str:
@@ -127,6 +132,18 @@ def enable(registry: Any = None) -> Meter:
         return meter
 
 
+@contextlib.contextmanager
+def unread() -> Iterator[None]:
+    """Kits opened in the block (in this thread or task) do not turn metrics on: for a
+    one-off command whose metrics nothing would read, which then never imports
+    prometheus_client."""
+    token = _read.set(False)
+    try:
+        yield
+    finally:
+        _read.reset(token)
+
+
 def disable() -> None:
     """Stop recording (the metrics registered stay, with their values; ``enable()`` goes
     on with them)."""
@@ -137,10 +154,10 @@ def disable() -> None:
 
 def start() -> None:
     """Enable metrics, called when a kit is opened: if prometheus_client is installed,
-    unless ``$SHARDKIT_METRICS`` is ``off``; ``MissingDriver`` if it is ``on`` and
-    prometheus_client is not installed."""
+    unless ``$SHARDKIT_METRICS`` is ``off`` or the kit is opened in ``unread``;
+    ``MissingDriver`` if it is ``on`` and prometheus_client is not installed."""
     setting = os.environ.get("SHARDKIT_METRICS", "").lower()
-    if meter.enabled or setting in _OFF:
+    if meter.enabled or setting in _OFF or not _read.get():
         return
     try:
         enable()

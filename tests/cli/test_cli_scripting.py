@@ -360,11 +360,16 @@ class Terminal:
         size = ["-x", "80", "-y", "24"]
         self._tmux("new-session", "-d", *size, "bash", "--norc", env=env)
 
-    def run(self, command: str) -> str:
-        """Clear the screen, run ``command`` and return the screen once it has ended."""
+    def run(self, command: str, answer: tuple[str, str] | None = None) -> str:
+        """Clear the screen, run ``command`` (typing ``answer[1]`` once ``answer[0]``
+        shows) and return the screen once it has ended."""
         marker = f"done-{uuid.uuid4().hex[:6]}"
         self._tmux("send-keys", "clear", "Enter")
         self._tmux("send-keys", f"{command}; echo {marker}", "Enter")
+        if answer is not None:
+            asked, reply = answer
+            wait_for(lambda: asked in self.screen(), f"{asked!r} to show", 60, self.screen)
+            self._tmux("send-keys", reply, "Enter")
         wait_for(lambda: f"\n{marker}" in self.screen(), f"{command!r} to end", 60, self.screen)
         return self.screen().split(f"\n{marker}")[0]
 
@@ -413,8 +418,14 @@ def test_tables_fit_an_80_column_terminal(tmp_path: Path) -> None:
         jobs = terminal.run("shardkit jobs")
         status = terminal.run("shardkit jobs status nightly")
         demo = terminal.run("shardkit demo --writers 1 --seconds 0.2")
+        kept = terminal.run("shardkit reset views:home", ("[y/N]", "n"))
+        reset = terminal.run("shardkit reset views:home", ("[y/N]", "y"))
+        after = terminal.run("shardkit get views:home")
     finally:
         terminal.close()
+    assert "Reset sharded counter views:home? [y/N]: n\nAborted!" in kept
+    assert "Reset sharded counter views:home? [y/N]: y\nviews:home: reset (sharded)" in reset
+    assert after.strip().endswith("0")
     for screen in (listed, jobs, status, demo):
         assert "…" not in screen, screen
         assert all(len(line) <= 80 for line in screen.splitlines())

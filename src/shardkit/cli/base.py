@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 import shardkit
+from shardkit import metrics
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -89,10 +91,14 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON i
 class Context:
     """The global options, and the kit they open (only when a command needs one)."""
 
-    def __init__(self, store: str | None, cache: str | None, prefix: str) -> None:
+    def __init__(
+        self, store: str | None, cache: str | None, prefix: str, *, metered: bool = True
+    ) -> None:
         self.store = store
         self.cache = cache
         self.prefix = prefix
+        self.metered = metered
+        """Whether the kit records metrics (when they are on: ``shardkit.metrics``)."""
         self._kit: shardkit.Kit | None = None
         self._opened = False
 
@@ -116,7 +122,10 @@ class Context:
 
     def _open(self, *, create: bool) -> shardkit.Kit:
         if self._kit is None:
-            self._kit = shardkit.connect(self.store, self.cache, prefix=self.prefix, create=create)
+            with contextlib.nullcontext() if self.metered else metrics.unread():
+                self._kit = shardkit.connect(
+                    self.store, self.cache, prefix=self.prefix, create=create
+                )
             self._opened = True
         return self._kit
 
@@ -147,12 +156,15 @@ def main(ctx: click.Context, store: str | None, cache: str | None, prefix: str) 
     visits of huge tables.
 
     Exit status: 0 done, 1 failed (one line on stderr), 2 usage error."""
-    context = Context(store, cache, prefix)
+    # Nothing reads a one-off command's metrics but a multiprocess directory's exporter.
+    metered = ctx.invoked_subcommand in _SERVERS or bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+    context = Context(store, cache, prefix, metered=metered)
     ctx.obj = context
     ctx.call_on_close(context.close)
 
 
 pass_context = click.make_pass_decorator(Context)
+_SERVERS = ("metrics", "dashboard")  # the commands that serve their process's metrics
 
 
 @contextlib.contextmanager

@@ -1,13 +1,55 @@
-"""Adaptive sharded mapping: visit every row of a huge table in parallel (see ``runner``)."""
+"""Adaptive sharded mapping: visit every row of a huge table in parallel (see ``runner``).
 
-from shardkit.mapper.job import Batch, Completion, Job
-from shardkit.mapper.keys import Key, KeyRange
-from shardkit.mapper.ledger import JobStatus
-from shardkit.mapper.runner import Mapper
-from shardkit.mapper.source import Source, Statistics, StatisticsSource, TableSource
-from shardkit.mapper.spec import MapSpec, Signer
+The names below are imported from their modules when first used, so a process that only
+counts (a kit opened for counters, ``shardkit get``) never loads the mapper."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from shardkit import metrics
+
+if TYPE_CHECKING:
+    from shardkit.mapper.job import Batch, Completion, Job
+    from shardkit.mapper.keys import Key, KeyRange
+    from shardkit.mapper.ledger import JobStatus
+    from shardkit.mapper.runner import Mapper
+    from shardkit.mapper.source import Source, Statistics, StatisticsSource, TableSource
+    from shardkit.mapper.spec import MapSpec, Signer
+
+TASK = metrics.action("map_range")
+"""The executor's task that visits one range of a job (a background task: its failures
+are ridden out)."""
+
+_WHERE = {
+    "Batch": "job",
+    "Completion": "job",
+    "Job": "job",
+    "Key": "keys",
+    "KeyRange": "keys",
+    "JobStatus": "ledger",
+    "Mapper": "runner",
+    "Source": "source",
+    "Statistics": "source",
+    "StatisticsSource": "source",
+    "TableSource": "source",
+    "MapSpec": "spec",
+    "Signer": "spec",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shardkit.mapper' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"shardkit.mapper.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
+    "TASK",
     "Batch",
     "Completion",
     "Job",

@@ -33,6 +33,7 @@ from shardkit import metrics
 from shardkit._failures import FailureLog
 from shardkit.errors import ConfigurationError, JobNotFound, ShardkitError
 from shardkit.executor import Executor, LocalExecutor
+from shardkit.mapper import TASK
 from shardkit.mapper.job import Batch, Completion, Job
 from shardkit.mapper.keys import Key, KeyRange
 from shardkit.mapper.ledger import (
@@ -54,7 +55,6 @@ from shardkit.store.sql import SqlStore
 
 log = logging.getLogger("shardkit")
 
-TASK = metrics.action("map_range")  # a background task: its failures are ridden out
 _RETRY_DELAY = 0.05  # seconds before the first retry of a failed range; doubles
 _MAX_RETRY_DELAY = 30.0
 # A kind of failure: those the store could not record.
@@ -538,4 +538,4 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:500]
 
 
-__all__ = ["TASK", "Mapper"]
+__all__ = ["Mapper"]

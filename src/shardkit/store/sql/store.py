@@ -63,8 +63,8 @@ class SqlStore(SqlCore):
         version: ``check_current``)."""
         try:
             with self.engine.connect() as conn:
-                inspector = sa.inspect(conn)
-                if not all(inspector.has_table(t.name) for t in self.metadata.sorted_tables):
+                present = set(sa.inspect(conn).get_table_names())  # one query
+                if not all(table.name in present for table in self.metadata.sorted_tables):
                     return False
                 self.check_current(conn)
                 return True
