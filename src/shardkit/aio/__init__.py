@@ -44,7 +44,7 @@ from shardkit.counters.ids import IdCore
 from shardkit.counters.monotonic import MonotonicCore
 from shardkit.counters.sharded import ShardedCore, Write
 from shardkit.errors import ConfigurationError, ShardkitError
-from shardkit.kit import DEFAULT_CACHE, DEFAULT_INTERVAL, DEFAULT_STORE, KitCore
+from shardkit.kitcore import DEFAULT_CACHE, DEFAULT_INTERVAL, DEFAULT_STORE, KitCore
 from shardkit.mapper.job import JobCore
 from shardkit.mapper.ledger import JobStatus, job_statuses
 from shardkit.store.base import CounterInfo

@@ -6,9 +6,9 @@ by a write. The statement is built and compiled once by SQLAlchemy per dialect; 
 path then runs it on a held autocommit connection, so a write costs one round trip and
 almost no client CPU. Dialect differences live in ``dialect`` and nowhere else.
 
-The package: ``dialect`` (how SQL differs), ``core`` (tables, statements, the rules as
-programs), ``store`` (``SqlStore``, blocking), ``engines`` (engines for URLs, poolers,
-fork gates).
+The package: ``dialect`` (how SQL differs), ``schema`` (the tables), ``core`` (the
+statements, the rules as programs), ``store`` (``SqlStore``, blocking), ``engines``
+(engines for URLs, poolers, fork gates).
 """
 
 from __future__ import annotations

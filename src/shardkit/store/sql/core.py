@@ -29,7 +29,8 @@ from shardkit.errors import (
 from shardkit.store.base import RETIRED, CounterInfo, Deleted, Flushed
 from shardkit.validation import sums_fit
 
-from .dialect import Dialect, Text, added, greatest_of
+from .dialect import Dialect, added, greatest_of
+from .schema import Tables
 
 _T = TypeVar("_T")
 _DEADLOCK_RETRIES = 5
@@ -55,19 +56,9 @@ class Sql(Protocol):
         ...
 
 
-class SqlCore:
-    """What the sync and async SQL stores share: the tables, the statements and the rules
-    (``Store``'s methods, as programs run on the role ``Sql``).
-
-    Tables are named ``{prefix}counters`` (one row per counter: its kind, shards and
-    incarnation), the rows that belong to one incarnation of a counter (deleted with
-    it): ``{prefix}shards``, ``{prefix}keys`` (idempotency keys), ``{prefix}flushed``
-    (what each cache generation of a buffered counter has flushed), ``{prefix}maxima``
-    (the highest values persisted by monotonic counters); ``{prefix}marks`` (each id
-    allocator's high-water mark, kept when it is deleted), ``{prefix}identity`` (the
-    store's identity, one row), and the mapper's ledger, ``{prefix}jobs`` and
-    ``{prefix}ranges``.
-    """
+class SqlCore(Tables):
+    """What the sync and async SQL stores share: the tables (``Tables``), the statements
+    and the rules (``Store``'s methods, as programs run on the role ``Sql``)."""
 
     combinable = True  # its writes run on connections of its own
 
@@ -78,98 +69,7 @@ class SqlCore:
         if dialect.name not in ("sqlite", "postgresql", "mysql", "mariadb"):
             raise ConfigurationError(f"unsupported SQL database {dialect.name!r}")
         self.dialect = Dialect(dialect.name)
-        metadata = sa.MetaData()
-        self.counters_table = sa.Table(
-            f"{prefix}counters",
-            metadata,
-            sa.Column("name", Text(), primary_key=True),
-            sa.Column("kind", sa.String(16), nullable=False),
-            sa.Column("shards", sa.Integer, nullable=False),
-            sa.Column("incarnation", sa.BigInteger, nullable=False),
-        )
-        self.shards_table = sa.Table(
-            f"{prefix}shards",
-            metadata,
-            sa.Column("name", Text(), primary_key=True),
-            sa.Column("shard", sa.Integer, primary_key=True, autoincrement=False),
-            sa.Column("value", sa.BigInteger, nullable=False),
-            # SQLite turns an integer sum past 64 bits into a REAL: refuse it instead, so
-            # an overflowing write fails and changes nothing, as on the other databases.
-            sa.CheckConstraint("typeof(value) = 'integer'").ddl_if(dialect="sqlite"),
-        )
-        self.keys_table = sa.Table(
-            f"{prefix}keys",
-            metadata,
-            sa.Column("name", Text(), primary_key=True),
-            sa.Column("key", Text(), primary_key=True),
-            sa.Column("created_at", sa.Double, nullable=False, index=True),
-        )
-        self.flushed_table = sa.Table(
-            f"{prefix}flushed",
-            metadata,
-            sa.Column("name", Text(), primary_key=True),
-            sa.Column("generation", sa.BigInteger, primary_key=True, autoincrement=False),
-            sa.Column("up", sa.BigInteger, nullable=False),
-            sa.Column("down", sa.BigInteger, nullable=False),
-            sa.Column("created_at", sa.Double, nullable=False),
-        )
-        self.maxima_table = sa.Table(
-            f"{prefix}maxima",
-            metadata,
-            sa.Column("name", Text(), primary_key=True),
-            # A monotonic counter's maxima are its incarnation's: an object of a deleted
-            # one may still persist a value, which the next one must not read.
-            sa.Column("incarnation", sa.BigInteger, primary_key=True, autoincrement=False),
-            sa.Column("shard", sa.Integer, primary_key=True, autoincrement=False),
-            sa.Column("value", sa.BigInteger, nullable=False),
-        )
-        self.marks_table = sa.Table(
-            f"{prefix}marks",
-            metadata,
-            sa.Column("name", Text(), primary_key=True),
-            sa.Column("mark", sa.BigInteger, nullable=False),
-        )
-        self.identity_table = sa.Table(
-            f"{prefix}identity",
-            metadata,
-            sa.Column("one", sa.Integer, primary_key=True, autoincrement=False),  # always 1
-            sa.Column("identity", sa.String(32), nullable=False),
-        )
-        # The mapper's ledger (shardkit.mapper.ledger): its jobs and their key ranges.
-        self.jobs_table = sa.Table(
-            f"{prefix}jobs",
-            metadata,
-            sa.Column("id", sa.String(64), primary_key=True),
-            sa.Column("state", sa.String(12), nullable=False),
-            sa.Column("spec", sa.Text, nullable=False),
-            sa.Column("estimate", sa.BigInteger),
-            sa.Column("error", sa.Text),
-            sa.Column("created_at", sa.Double, nullable=False),
-            sa.Column("finished_at", sa.Double),
-        )
-        self.ranges_table = sa.Table(
-            f"{prefix}ranges",
-            metadata,
-            sa.Column("job", sa.String(64), primary_key=True),
-            sa.Column("id", sa.String(32), primary_key=True),
-            sa.Column("parent", sa.String(32)),
-            sa.Column("lo", sa.Text),
-            sa.Column("hi", sa.Text),
-            sa.Column("after", sa.Text),
-            sa.Column("state", sa.String(8), nullable=False),
-            sa.Column("depth", sa.Integer, nullable=False),
-            sa.Column("rows", sa.BigInteger, nullable=False),
-            sa.Column("planned", sa.BigInteger),  # rows its parent planned in it
-            sa.Column("pages", sa.Integer, nullable=False),
-            sa.Column("failures", sa.Integer, nullable=False),
-            sa.Column("tries", sa.Integer),  # failed attempts since its last page
-            sa.Column("error", sa.Text),
-            sa.Column("created_at", sa.Double, nullable=False),
-            sa.Column("done_at", sa.Double),
-            sa.Index(f"{prefix}ranges_state", "job", "state"),
-            sa.Index(f"{prefix}ranges_parent", "job", "parent"),
-        )
-        self.metadata = metadata
+        super().__init__(prefix)
         self._upsert_add = self.dialect.upsert(self.shards_table, {"value": added})
         self._fold = self.dialect.upsert(self.flushed_table, {"up": added, "down": added})
         self._raise_max = self.dialect.upsert(self.maxima_table, {"value": greatest_of})
@@ -246,31 +146,6 @@ class SqlCore:
         self.metadata.create_all(conn, checkfirst=True)
         self.check_current(conn)
         self.add_missing_columns(conn)
-
-    def check_current(self, conn: Connection) -> None:
-        """``ConfigurationError`` if the counters table was made by a development version
-        of shardkit (0.1.0 before its release) whose counters had no incarnations: its
-        tables cannot be used, nor changed in place."""
-        table = self.counters_table
-        have = {column["name"] for column in sa.inspect(conn).get_columns(table.name)}
-        if "incarnation" not in have:
-            raise ConfigurationError(
-                f"the table {table.name} in {self.url} was made by a development version of "
-                "shardkit (before 0.1.0) and cannot be used: drop the prefix's tables, or "
-                "choose another prefix"
-            )
-
-    def add_missing_columns(self, conn: Connection) -> None:
-        """Add to tables made by an earlier version the nullable columns they lack (a
-        range's ``planned`` rows, its ``tries``). Idempotent; a concurrent caller's
-        addition makes this one fail, and a second look finds the column there."""
-        table = self.ranges_table
-        have = {column["name"] for column in sa.inspect(conn).get_columns(table.name)}
-        name = conn.dialect.identifier_preparer.format_table(table)
-        for column in table.columns:
-            if column.name not in have and column.nullable:
-                definition = sa.schema.CreateColumn(column).compile(dialect=conn.dialect)
-                conn.exec_driver_sql(f"ALTER TABLE {name} ADD COLUMN {definition}")
 
     def _identity_of_store(self) -> Program[str]:
         """See ``Store.identity``."""
