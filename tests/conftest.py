@@ -122,6 +122,13 @@ def kit(store_url: str, cache_url: str) -> Iterator[shardkit.Kit]:
 
 
 @pytest.fixture
+def shared_kit(store_url: str, shared_cache_url: str) -> Iterator[shardkit.Kit]:
+    """A kit on every store and each cache that processes share."""
+    with Target(store_url, shared_cache_url).connect() as the_kit:
+        yield the_kit
+
+
+@pytest.fixture
 def big(store_url: str, cache_url: str) -> Iterator[shardkit.Kit]:
     """A kit on tables of its own, dropped after the test: the huge values counted there
     would widen other tests' ``shardkit list`` tables."""

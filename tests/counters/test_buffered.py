@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -117,12 +117,6 @@ def age_generations(kit: shardkit.Kit, name: str) -> None:
     older = table.c.created_at - 2 * kit._settings.fold_after
     with kit.store.engine.begin() as conn:
         conn.execute(sa.update(table).where(table.c.name == name).values(created_at=older))
-
-
-@pytest.fixture
-def shared_kit(store_url: str, shared_cache_url: str) -> Iterator[shardkit.Kit]:
-    with Target(store_url, shared_cache_url).connect() as the_kit:
-        yield the_kit
 
 
 def test_dead_generations_are_folded_after_the_grace_period(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -193,12 +192,6 @@ def test_with_a_cache_of_its_own_a_process_moves_when_it_looks(store_url: str, n
             assert hits.flush() == 1
             assert sequence.incr() == 1
         assert here.get(f"{name}:b").value() == 1  # created anew by the object that wrote
-
-
-@pytest.fixture
-def shared_kit(store_url: str, shared_cache_url: str) -> Iterator[shardkit.Kit]:
-    with Target(store_url, shared_cache_url).connect() as the_kit:
-        yield the_kit
 
 
 def test_writes_racing_a_reset_count_if_and_only_if_they_may_follow_it(

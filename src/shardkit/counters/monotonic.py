@@ -94,6 +94,7 @@ class MonotonicCore(CounterCore):
         yield from call(Cache.add, self._value_key, persisted, None)
 
     def _moved(self) -> None:
+        self.shards = self.info.shards
         self._value_key = value_key(self._options, self.info)
 
     def _checkpoint(self) -> Program[None]:
