@@ -209,7 +209,10 @@ class BufferedCore(CounterCore):
         absent; then a new one."""
         pointer = yield from call(Cache.get, self._pointer_keys[stripe])
         if pointer is None or pointer == dead:
-            if (yield from self._follow()):  # the counter was deleted or reset
+            # A generation that died, or a look that is due: the counter may have been
+            # deleted or reset (its keys went with it).
+            looks = dead is not None or self._look_due(self._options.cache_ttl)
+            if looks and (yield from self._follow()):
                 return (yield from self._adopt(stripe, dead=None))
             pointer = yield from self._start_generation(stripe, replacing=pointer)
         writing = self._writing[stripe] = (pointer, self._keys(pointer))
