@@ -99,6 +99,13 @@ _MOVE = metrics.action("starting a generation")
 FLUSH = metrics.action("flush")  # the background task, bound by the kits
 
 
+# A read of buffered counters: the store's records of each one's generations, the cache
+# keys of their sums by (name, generation), and the values the cache holds under them.
+_Readings = tuple[
+    dict[str, dict[int, Flushed]], dict[tuple[str, int], tuple[str, str]], dict[str, int]
+]
+
+
 class Parts(NamedTuple):
     """A buffered counter's value: what the store holds, and what waits in the cache."""
 
@@ -424,12 +431,16 @@ def _reading(applied: Flushed, keys: tuple[str, str], live: dict[str, int]) -> F
     return Flushed(max(applied.up, up), max(applied.down, down))
 
 
-def read_parts(options: Options, names: Iterable[str]) -> Program[dict[str, Parts]]:
-    """The stored and pending parts of the buffered counters ``names`` (unknown names
-    read 0): one store read, then one cache read, in that order, so a flush between the
-    two is never counted twice."""
-    wanted = list(dict.fromkeys(names))
-    recorded = yield from call(Store.generations, wanted)
+def _generations_and_sums(
+    options: Options, names: list[str]
+) -> Program[
+    tuple[dict[str, dict[int, Flushed]], dict[tuple[str, int], tuple[str, str]], dict[str, int]]
+]:
+    """What the store has applied of each generation of the buffered counters ``names``,
+    the cache keys of their sums, and what the cache holds under them: one store read,
+    then one cache read, in that order (a flush between the two is never counted
+    twice)."""
+    recorded = yield from call(Store.generations, names)
     keys = {
         (name, generation): _keys(options, name, generation)
         for name, generations in recorded.items()
@@ -437,6 +448,15 @@ def read_parts(options: Options, names: Iterable[str]) -> Program[dict[str, Part
         if generation != RETIRED
     }
     live = yield from call(Cache.get_many, [key for pair in keys.values() for key in pair])
+    return recorded, keys, live
+
+
+def read_parts(options: Options, names: Iterable[str]) -> Program[dict[str, Parts]]:
+    """The stored and pending parts of the buffered counters ``names`` (unknown names
+    read 0): one store read, then one cache read, in that order, so a flush between the
+    two is never counted twice."""
+    wanted = list(dict.fromkeys(names))
+    recorded, keys, live = yield from _generations_and_sums(options, wanted)
     parts = dict.fromkeys(wanted, Parts(0, 0))
     for name, generations in recorded.items():
         stored = pending = 0
@@ -477,14 +497,7 @@ def flush_counters(options: Options, names: Iterable[str]) -> Program[dict[str, 
     for start in range(0, len(wanted), _BATCH):
         batch = wanted[start : start + _BATCH]
         try:
-            recorded = yield from call(Store.generations, batch)
-            keys = {
-                (name, generation): _keys(options, name, generation)
-                for name, generations in recorded.items()
-                for generation in generations
-                if generation != RETIRED
-            }
-            live = yield from call(Cache.get_many, [key for pair in keys.values() for key in pair])
+            recorded, _, live = yield from _generations_and_sums(options, batch)
         except ShardkitError as exc:
             failed.update(dict.fromkeys(batch, exc))
             for _ in batch:
