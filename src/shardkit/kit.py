@@ -227,7 +227,8 @@ class Kit(KitCore[Counter]):
 
         A counter object stands for its name. One of the old incarnation, held in this
         process or another, looks at the store and moves to the incarnation the name
-        holds then, created anew (empty) if it holds none, as opening it would: in this
+        holds then, created anew (empty) if it holds none and the call writes, as
+        opening would (a read raises ``CounterNotFound``): in this
         process at its next call; elsewhere at once for a buffered or monotonic counter
         that shares this kit's cache (its keys are gone), at its next block for an id
         allocator, and otherwise within ``cache_ttl`` seconds (10 s for a sharded

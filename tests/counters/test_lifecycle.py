@@ -78,6 +78,19 @@ def test_a_reset_buffered_counter_drops_what_was_stored_and_pending(
     assert kit.values([name]) == {name: 2}
 
 
+def test_a_deleted_monotonic_counter_is_read_as_missing_not_made_again(
+    kit: shardkit.Kit, name: str
+) -> None:
+    sequence = kit.monotonic(name, chance_to_write=1.0)
+    sequence.incr(3)
+    kit.delete(name)
+    with pytest.raises(CounterNotFound, match="it was deleted"):
+        sequence.value()  # a read: the name is left without a counter
+    assert kit.store.counter(name) is None
+    assert sequence.incr() == 1  # a write makes it again, as opening would
+    assert kit.store.counter(name) is not None
+
+
 def test_a_reset_monotonic_counter_counts_from_one_again(kit: shardkit.Kit, name: str) -> None:
     sequence = kit.monotonic(name, chance_to_write=1.0)
     for _ in range(10):

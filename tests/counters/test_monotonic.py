@@ -77,8 +77,8 @@ def test_an_eviction_between_populate_and_increment_is_retried(
     populate = hits._populate
     evictions = itertools.count()
 
-    def populate_then_lose_it() -> Program[None]:
-        yield from populate()
+    def populate_then_lose_it(*, create: bool) -> Program[None]:
+        yield from populate(create=create)
         if next(evictions) == 0:
             kit.cache.delete(key)
 

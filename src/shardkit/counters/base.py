@@ -16,7 +16,7 @@ from shardkit._failures import FailureLog
 from shardkit._program import Call, Program, call
 from shardkit.cache.base import Cache, Placed
 from shardkit.counters.adjuster import Adjuster
-from shardkit.errors import BackendError, CounterKindMismatch
+from shardkit.errors import BackendError, CounterKindMismatch, CounterNotFound
 from shardkit.store.base import CounterInfo, Store
 from shardkit.validation import ADJUST_DELAY
 
@@ -137,12 +137,15 @@ class CounterCore:
         """Have the next call that may look at the store (``_look_due``) look."""
         self._looked_at = -math.inf
 
-    def _follow(self) -> Program[bool]:
+    def _follow(self, *, create: bool = True) -> Program[bool]:
         """Read the counter's configuration from the store; if it is another incarnation
-        (or none, or one of another kind: ``CounterKindMismatch`` then), move to it,
-        creating it if none (``_moved``). Returns whether it moved."""
+        (or none, or one of another kind: ``CounterKindMismatch`` then), move to it
+        (``_moved``), creating it if none (for a write; a read, without ``create``,
+        raises ``CounterNotFound`` then). Returns whether it moved."""
         info = yield from call(Store.counter, self.name)
         self._looked_at = time.monotonic()
+        if info is None and not create:
+            raise CounterNotFound(f"no counter named {self.name!r}: it was deleted")
         if info is None:
             shards = self.info.shards
             info = yield from call(Store.open_counter, self.name, self.kind, shards, grow=False)

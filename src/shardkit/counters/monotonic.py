@@ -73,7 +73,7 @@ class MonotonicCore(CounterCore):
             value = yield from call(Cache.incr, self._value_key, delta)
             if value is not None:
                 break
-            yield from self._populate()  # evicted (or never populated): populate, retry
+            yield from self._populate(create=True)  # evicted, or never populated
         else:
             raise BackendError(f"the cache kept losing counter {self.name!r}")
         if value > INT64_MAX:  # past what the store holds (Redis refuses it by itself)
@@ -86,10 +86,10 @@ class MonotonicCore(CounterCore):
             yield from best_effort(self._options, _PERSISTING, persisting)
         return value
 
-    def _populate(self) -> Program[None]:
+    def _populate(self, *, create: bool) -> Program[None]:
         """Put the persisted maximum in the cache unless a value is there already (of the
-        incarnation the store holds: ``CounterCore._follow``)."""
-        yield from self._follow()
+        incarnation the store holds, created for a write: ``CounterCore._follow``)."""
+        yield from self._follow(create=create)
         persisted = yield from self._persisted()
         yield from call(Cache.add, self._value_key, persisted, None)
 
@@ -110,10 +110,10 @@ class MonotonicCore(CounterCore):
     def _value(self) -> Program[int]:
         """The current value: the cache's, populating it from the store if needed."""
         if self._look_due(self._options.cache_ttl):
-            yield from self._follow()
+            yield from self._follow(create=False)
         cached = yield from call(Cache.get, self._value_key)
         if cached is None:
-            yield from self._populate()
+            yield from self._populate(create=False)
             cached = yield from call(Cache.get, self._value_key)
         return (yield from self._persisted()) if cached is None else cached
 
