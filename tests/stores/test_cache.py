@@ -13,7 +13,7 @@ from pymemcache.exceptions import MemcacheClientError
 
 from backends import CACHE_URLS, REDIS, require, run_together, wait_for
 from servers import Cutter
-from shardkit.cache import Cache, MemoryCache, open_cache
+from shardkit.cache import Cache, MemoryCache, memory, open_cache
 from shardkit.errors import BackendError, BackendUnavailable
 from shardkit.validation import INT64_MAX, INT64_MIN
 
@@ -278,12 +278,26 @@ def test_increments_go_on_after_the_server_closed_their_connections(
 # -- the in-process cache in a long-running process ----------------------------------------
 
 
-def test_the_memory_cache_drops_expired_keys_nobody_reads_again() -> None:
+class Clock:
+    """A stand-in for the ``time`` module: ``monotonic`` is what the test sets."""
+
+    now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_the_memory_cache_drops_expired_keys_nobody_reads_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = Clock()
+    monkeypatch.setattr(memory, "time", clock)  # the cache's clock, and only its
     cache = MemoryCache()
     for i in range(1000):  # such as one flush mark per buffered counter per interval
         cache.add(f"mark:{i}", 1, 0.01)
     cache.bump("generation", 1)  # no TTL: stays
     assert cache.size() == 1001
+    clock.now += 0.02  # the marks have expired
 
     def swept() -> bool:
         cache.add("tick", 1, None)  # adds sweep what has expired
