@@ -173,17 +173,15 @@ def _end(context: Context, name: str, *, yes: bool, as_json: bool, reset: bool) 
     info = kit.store.counter(check_name(name))
     if info is None:
         raise shardkit.CounterNotFound(f"no counter named {name!r} in {kit.store.url}")
-    verb = "reset" if reset else "delete"
     if not yes:
-        click.confirm(
-            f"{verb.capitalize()} {info.kind} counter {shown(name)!s}?", abort=True, err=True
-        )
+        verb = "Reset" if reset else "Delete"
+        click.confirm(f"{verb} {info.kind} counter {shown(name)}?", abort=True, err=True)
     ended = kit.reset(name) if reset else kit.delete(name)
+    done = "reset" if reset else "deleted"
     if as_json:
-        done = "reset" if reset else "deleted"
         emit({"name": name, "kind": ended.kind, "shards": ended.shards, done: True})
     else:
-        out.print(shown(f"{name}: {'reset' if reset else 'deleted'} ({ended.kind})"))
+        out.print(shown(f"{name}: {done} ({ended.kind})"))
 
 
 @main.command()
