@@ -153,6 +153,11 @@ class CounterCore:
             raise CounterKindMismatch(
                 f"{self.name!r} is now a {info.kind} counter, not a {self.kind} counter"
             )
+        return self._hold(info)
+
+    def _hold(self, info: CounterInfo) -> bool:
+        """Hold ``info``, the counter's configuration as the store holds it now; if it is
+        another incarnation, move to it (``_moved``). Returns whether it moved."""
         ended, self.info = info.incarnation != self.info.incarnation, info
         if ended:
             self._moved()

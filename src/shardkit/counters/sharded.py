@@ -133,9 +133,7 @@ class ShardedCore(CounterCore):
         """
         check_shards(shards, self._options.max_shards)
         info = yield from call(Store.open_counter, self.name, self.kind, shards)
-        ended, self.info = info.incarnation != self.info.incarnation, info
-        if ended:
-            self._moved()
+        self._hold(info)
         self._shards = max(self._shards, info.shards)
         return self._shards
 
