@@ -8,34 +8,45 @@ what they return). A call interrupted by a ``BaseException`` (a cancelled task, 
 ``KeyboardInterrupt``) closes the program at once, so its ``finally`` blocks run then
 (they must not call anything), and the interruption goes on to the caller.
 
-``blocking`` and ``awaitable`` turn a class's programs into the methods of its sync and
-async forms, so the rules live in one place and a fix lands in both::
+A *role* is a protocol marked with ``@role("name")``: the backends a program runs on are
+a ``Roles`` dataclass whose field ``name`` plays it, checked when it is made. A *rule*
+is a program that is a public method: written once on a core, it is a blocking method of
+the core's ``Blocking`` form and a coroutine method of its ``Awaiting`` form::
+
+    @role("cache")
+    class Cache(Protocol):
+        def get(self, key: str) -> int | None: ...
+
+    @dataclass(frozen=True, slots=True)
+    class CounterRoles(Roles):
+        cache: Cache
 
     class Core:
-        def _value(self) -> Program[int]:
+        roles: CounterRoles
+
+        @rule
+        def value(self) -> Program[int]:
             cached = yield from call(Cache.get, self.key)  # typed: int | None
             ...
 
-    class Counter(Core):  # sync
-        value = blocking(Core._value)
+    class Counter(Core, Blocking): ...  # counter.value() -> int
+    class AsyncCounter(Core, Awaiting): ...  # await counter.value() -> int
 
-    class AsyncCounter(Core):  # async
-        value = awaitable(Core._value)
-
-A role is the name of the class whose method is called (``Cache`` above); the object that
-plays it is looked up in the instance's ``roles``. Sync and async backends of one role
-have methods of the same names and meanings.
+Sync and async backends of one role have methods of the same names and meanings.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Coroutine, Generator, Mapping
-from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
 P = ParamSpec("P")
 R = TypeVar("R")
+S = TypeVar("S")
+T = TypeVar("T", bound=type)
 
 
 class Call(Generic[R]):
@@ -61,23 +72,72 @@ class Call(Generic[R]):
 Program = Generator[Call[Any], Any, R]
 """A generator of calls that returns an ``R`` once the calls have been carried out."""
 
+_METHODS: dict[Callable[..., Any], tuple[str, str]] = {}  # method -> (role, name)
+_ROLES: dict[str, tuple[str, ...]] = {}  # role -> the names of its methods
+
+
+def role(name: str) -> Callable[[T], T]:
+    """Mark a protocol as the role ``name``: its methods may be called by programs, on
+    the field ``name`` of the ``Roles`` they run on."""
+
+    def mark(protocol: T) -> T:
+        methods = {
+            attr: value
+            for attr, value in vars(protocol).items()
+            if inspect.isfunction(value) and (attr == "__call__" or not attr.startswith("_"))
+        }
+        for attr, method in methods.items():
+            _METHODS[method] = name, attr
+        _ROLES[name] = tuple(methods)
+        return protocol
+
+    return mark
+
 
 def call(method: Callable[Concatenate[Any, P], R], *args: P.args, **kwargs: P.kwargs) -> Call[R]:
-    """A call of ``method`` (a class's function, such as ``Cache.get``) on whatever plays
-    its class's role, with ``args``."""
+    """A call of ``method`` (a role's method, such as ``Cache.get``) on whatever plays
+    the role, with ``args``."""
     try:
-        role, name = _NAMES[method]
+        name, attr = _METHODS[method]
     except KeyError:
-        owner, _, name = method.__qualname__.rpartition(".")
-        role = owner.rpartition(".")[2]
-        _NAMES[method] = role, name
-    return Call(role, name, args, kwargs)
+        raise TypeError(f"{method.__qualname__} is not a method of a role") from None
+    return Call(name, attr, args, kwargs)
 
 
-_NAMES: dict[Callable[..., Any], tuple[str, str]] = {}  # method -> (role, name)
+@role("clock")
+class Clock(Protocol):
+    """The role that waits: the ``time`` module, or ``asyncio``."""
+
+    def sleep(self, seconds: float) -> Any: ...
 
 
-def run(program: Program[R], roles: Mapping[str, Any]) -> R:
+class Roles:
+    """The backends a core's programs run on: a frozen dataclass whose fields are named
+    as the roles they play. Making one checks that each field's backend has the role's
+    methods, so a backend that cannot play its role fails where the kit is built, not on
+    the one path that calls it."""
+
+    __slots__ = ()
+
+    def __post_init__(self) -> None:
+        for part in dataclasses.fields(self):  # type: ignore[arg-type]
+            backend = getattr(self, part.name)
+            missing = [m for m in _ROLES.get(part.name, ()) if not hasattr(backend, m)]
+            if missing:
+                raise TypeError(
+                    f"{backend!r} cannot play the role {part.name!r}: it has no {missing[0]}"
+                )
+
+
+def playing(backend: object) -> Any:
+    """``backend``, an asyncio backend, as the role it plays: its methods have the role's
+    names and return awaitables of what the role's return, which ``arun`` awaits (typing
+    has no way to say "the awaited form of a protocol"; the ``Roles`` it goes into check
+    its methods' names)."""
+    return backend
+
+
+def run(program: Program[R], roles: Roles) -> R:
     """Carry out ``program``'s calls on the blocking backends ``roles``; its result."""
     value: Any = None
     error: BaseException | None = None
@@ -88,7 +148,7 @@ def run(program: Program[R], roles: Mapping[str, Any]) -> R:
             return stop.value  # type: ignore[no-any-return]
         value = error = None
         try:
-            value = getattr(roles[step.role], step.name)(*step.args, **step.kwargs)
+            value = getattr(getattr(roles, step.role), step.name)(*step.args, **step.kwargs)
         except Exception as exc:
             error = exc
         except BaseException:  # interrupted: the program's ``finally`` blocks run now
@@ -96,7 +156,7 @@ def run(program: Program[R], roles: Mapping[str, Any]) -> R:
             raise
 
 
-async def arun(program: Program[R], roles: Mapping[str, Any]) -> R:
+async def arun(program: Program[R], roles: Roles) -> R:
     """Carry out ``program``'s calls on the backends ``roles``, awaiting what they return
     that is awaitable (a backend that never blocks, such as the in-process cache, may
     answer at once); its result."""
@@ -109,7 +169,7 @@ async def arun(program: Program[R], roles: Mapping[str, Any]) -> R:
             return stop.value  # type: ignore[no-any-return]
         value = error = None
         try:
-            value = getattr(roles[step.role], step.name)(*step.args, **step.kwargs)
+            value = getattr(getattr(roles, step.role), step.name)(*step.args, **step.kwargs)
             if inspect.isawaitable(value):
                 value = await value
         except Exception as exc:
@@ -119,33 +179,73 @@ async def arun(program: Program[R], roles: Mapping[str, Any]) -> R:
             raise
 
 
-class Driven(Protocol):
-    """What ``blocking`` and ``awaitable`` methods run their programs with."""
+class Blocking:
+    """The sync form of a core: each of the core's ``rule``s is a method that runs its
+    program on the instance's ``roles`` with ``run``."""
 
-    @property
-    def roles(self) -> Mapping[str, Any]: ...
+    roles: Any
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name, found in _rules(cls):
+            setattr(cls, name, _blocking(found.program))
 
 
-S = TypeVar("S", bound=Driven)
+class Awaiting:
+    """The async form of a core: each of the core's ``rule``s is a coroutine method that
+    runs its program on the instance's ``roles`` with ``arun``."""
+
+    roles: Any
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name, found in _rules(cls):
+            setattr(cls, name, _awaitable(found.program))
 
 
-def blocking(program: Callable[Concatenate[S, P], Program[R]]) -> Callable[Concatenate[S, P], R]:
-    """The method that runs ``program`` on the instance's blocking ``roles``."""
+class rule(Generic[S, P, R]):
+    """A program that is a public method of its core's forms: blocking on a ``Blocking``
+    form, a coroutine on an ``Awaiting`` one (typed so; the forms hold plain functions).
+    Within the core, ``Core.name.program`` is the program itself."""
 
+    def __init__(self, program: Callable[Concatenate[S, P], Program[R]]) -> None:
+        self.program = program
+        functools.update_wrapper(self, program)  # type: ignore[arg-type]
+
+    @overload
+    def __get__(self, obj: None, owner: type[Any]) -> rule[S, P, R]: ...
+    @overload
+    def __get__(self, obj: Awaiting, owner: type[Any]) -> Callable[P, Coroutine[Any, Any, R]]: ...
+    @overload
+    def __get__(self, obj: Blocking, owner: type[Any]) -> Callable[P, R]: ...
+    def __get__(self, obj: object, owner: type[Any]) -> Any:
+        if obj is None:
+            return self
+        raise TypeError(f"{owner.__name__} is neither Blocking nor Awaiting: no method")
+
+
+def _rules(form: type) -> list[tuple[str, rule[Any, ..., Any]]]:
+    """The rules ``form`` inherits that it holds no method for yet."""
+    found = {}
+    for klass in reversed(form.__mro__):
+        for name, value in vars(klass).items():
+            found[name] = value
+    return [(name, value) for name, value in found.items() if isinstance(value, rule)]
+
+
+def _blocking(program: Callable[Concatenate[Any, P], Program[R]]) -> Callable[..., R]:
     @functools.wraps(program)
-    def method(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+    def method(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
         return run(program(self, *args, **kwargs), self.roles)
 
     return method
 
 
-def awaitable(
-    program: Callable[Concatenate[S, P], Program[R]],
-) -> Callable[Concatenate[S, P], Coroutine[Any, Any, R]]:
-    """The coroutine method that runs ``program`` on the instance's asyncio ``roles``."""
-
+def _awaitable(
+    program: Callable[Concatenate[Any, P], Program[R]],
+) -> Callable[..., Coroutine[Any, Any, R]]:
     @functools.wraps(program)
-    async def method(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+    async def method(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
         return await arun(program(self, *args, **kwargs), self.roles)
 
     return method

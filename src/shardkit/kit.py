@@ -12,7 +12,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.pool import QueuePool
 
 from shardkit import metrics
-from shardkit._program import blocking, run
+from shardkit._program import Blocking, run
 from shardkit.cache import Cache, open_cache
 from shardkit.counters import (
     BufferedCounter,
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 Counter = ShardedCounter | BufferedCounter | MonotonicCounter | IdAllocator
 
 
-class Kit(KitCore[Counter]):
+class Kit(KitCore[Counter], Blocking):
     """A store, a cache and an executor, and the counters that live in them.
 
     Thread-safe. A kit opened before ``os.fork()`` keeps working in the children: no
@@ -240,12 +240,6 @@ class Kit(KitCore[Counter]):
         """
         return run(self._reset(name), self.roles)
 
-    flush_all = blocking(KitCore._flush_all)
-    counters = blocking(KitCore._counters_in_store)
-    parts = blocking(KitCore._parts)
-
-    values = blocking(KitCore._values)
-
     def map(
         self,
         source: Any,
@@ -315,8 +309,6 @@ class Kit(KitCore[Counter]):
         are kept, since they may be resumed. Their ids may then be used again."""
         age = check_age(age)
         return self.mapper.ledger.purge(time.time() - age)
-
-    purge_keys = blocking(KitCore._purge_keys)
 
 
 def connect(

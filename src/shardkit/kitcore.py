@@ -1,20 +1,20 @@
 """What the sync and async kits share (``KitCore``): the counters opened lately, and the
-rules of opening, reading, flushing and ending counters, as programs on the roles
-``Store``, ``Cache`` and ``Adjuster``."""
+rules of opening, reading, flushing and ending counters, as programs on the backends of
+``CounterRoles``."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Generic, Protocol, TypeVar
 
 from shardkit import metrics
-from shardkit._program import Program, call
+from shardkit._program import Program, call, rule
 from shardkit.cache import Cache
 from shardkit.counters.adjuster import Adjuster
-from shardkit.counters.base import Options, best_effort, log
+from shardkit.counters.base import CounterRoles, Options, best_effort, log
 from shardkit.counters.buffered import BufferedCore, Parts, flush_counters, read_parts
 from shardkit.counters.buffered import forget as forget_buffered
 from shardkit.counters.ids import IdCore
@@ -63,10 +63,9 @@ _I = TypeVar("_I", bound=IdCore)
 
 class KitCore(Generic[_K]):
     """What the sync and async kits share: the counters opened lately, and the rules of
-    opening and reading counters (programs on the roles ``Store``, ``Cache`` and
-    ``Adjuster``)."""
+    opening and reading counters (programs on ``CounterRoles``)."""
 
-    roles: Mapping[str, Any]
+    roles: CounterRoles
 
     def __init__(self, options: Options) -> None:
         self._options = options
@@ -164,7 +163,7 @@ class KitCore(Generic[_K]):
                 if isinstance(counter, BufferedCore):
                     yield from counter._retire()
                 elif isinstance(counter, MonotonicCore):
-                    yield from counter._checkpoint()
+                    yield from MonotonicCore.checkpoint.program(counter)
             except ShardkitError as exc:
                 log.warning("could not save counter %r at close: %s", counter.name, exc)
 
@@ -206,7 +205,8 @@ class KitCore(Generic[_K]):
         size = check_block(block)
         return self._open(name, kind, lambda c: c.block == size, lambda info: new(info, size))
 
-    def _purge_keys(self) -> Program[int]:
+    @rule
+    def purge_keys(self) -> Program[int]:
         """Delete idempotency keys older than the kit's ``key_retention``; return how many."""
         return (yield from call(Store.purge_keys, time.time() - self._options.key_retention))
 
@@ -227,7 +227,7 @@ class KitCore(Generic[_K]):
         check_name(name)
         deleted = yield from call(Store.delete, name, reset=reset)
         if deleted is None:
-            raise CounterNotFound(f"no counter named {name!r} in {self.roles['Store'].url}")
+            raise CounterNotFound(f"no counter named {name!r} in {self.roles.store.url}")
         with self._lock:
             opened = self._counters.pop(name, None)
         stripes = self._options.default_stripes
@@ -249,14 +249,16 @@ class KitCore(Generic[_K]):
             return counter
         info = yield from call(Store.counter, name)
         if info is None:
-            raise CounterNotFound(f"no counter named {name!r} in {self.roles['Store'].url}")
+            raise CounterNotFound(f"no counter named {name!r} in {self.roles.store.url}")
         return info.kind
 
-    def _counters_in_store(self) -> Program[list[CounterInfo]]:
+    @rule
+    def counters(self) -> Program[list[CounterInfo]]:
         """Every counter in the store, ordered by name."""
         return (yield from call(Store.counters))
 
-    def _flush_all(self) -> Program[dict[str, int]]:
+    @rule
+    def flush_all(self) -> Program[dict[str, int]]:
         """Flush every buffered counter in the store (a crashed or lost flush's work
         included); return the amount moved per counter that had something pending.
         Idempotent; safe to run concurrently with anything.
@@ -265,17 +267,19 @@ class KitCore(Generic[_K]):
         flushed, then ``FlushFailed`` is raised, its ``failed`` naming each failed
         counter with its error and its ``moved`` holding what this call would have
         returned."""
-        infos = yield from self._counters_in_store()
+        infos = yield from KitCore.counters.program(self)
         names = [info.name for info in infos if info.kind == BufferedCore.kind]
         return (yield from flush_counters(self._options, names))
 
-    def _parts(self, names: Iterable[str]) -> Program[dict[str, Parts]]:
+    @rule
+    def parts(self, names: Iterable[str]) -> Program[dict[str, Parts]]:
         """The stored and pending parts of many buffered counters (``Parts.total`` is each
         one's exact value now): one store read and one cache read for all of them.
         Unknown names read ``Parts(0, 0)``."""
         return (yield from read_parts(self._options, check_names(names)))
 
-    def _values(self, names: Iterable[str], *, fresh: bool = False) -> Program[dict[str, int]]:
+    @rule
+    def values(self, names: Iterable[str], *, fresh: bool = False) -> Program[dict[str, int]]:
         """Values of many counters: one cache round trip for the cached ones and one
         store query for the rest (all of them when ``fresh``). Unknown names read 0.
 

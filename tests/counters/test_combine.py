@@ -22,14 +22,14 @@ DEADLINE = 60.0  # seconds: how long a held batch waits for its test to open the
 
 def _sides(counter: shardkit.BufferedCounter) -> tuple[Combiner[int, None], ...]:
     """The combiners of the counter's increments and decrements."""
-    bumps = counter.roles["Bumps"]
+    bumps = counter.roles.bumps
     assert isinstance(bumps, Sides)
     return bumps.sides
 
 
 def _queued(counter: shardkit.ShardedCounter) -> int:
     """How many writes wait in the counter's combiner for the next batch."""
-    combiner = counter.roles["Writes"]
+    combiner = counter.roles.writes
     assert isinstance(combiner, Combiner)
     return combiner.waiting
 

@@ -7,14 +7,27 @@ interruption on."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable
 from typing import Any
 
 import pytest
 
-from shardkit._program import Call, Program, arun, awaitable, blocking, call, run
+from shardkit._program import (
+    Awaiting,
+    Blocking,
+    Call,
+    Program,
+    Roles,
+    arun,
+    call,
+    role,
+    rule,
+    run,
+)
 
 
+@role("backend")
 class Backend:
     """A role's backend: answers ``double``, fails ``fail``, and records what it was
     asked, in order."""
@@ -44,6 +57,11 @@ class SlowBackend(Backend):
         self.waiting.set()
         await self.gate.wait()
         return super().double(n)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Playing(Roles):
+    backend: Backend
 
 
 class Trace:
@@ -97,8 +115,8 @@ RUNNERS = ["run", "arun"]
 
 def carry_out(runner: str, program: Program[Any], backend: Backend) -> Any:
     if runner == "run":
-        return run(program, {"Backend": backend})
-    return asyncio.run(arun(program, {"Backend": backend}))
+        return run(program, Playing(backend))
+    return asyncio.run(arun(program, Playing(backend)))
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
@@ -140,7 +158,7 @@ def test_a_failure_the_program_does_not_catch_reaches_the_caller_after_its_final
 def test_an_interrupted_call_closes_the_program_and_goes_on_to_the_caller() -> None:
     trace, backend = Trace(), Backend()
     with pytest.raises(KeyboardInterrupt):
-        run(guarded(trace, call(Backend.fail, KeyboardInterrupt())), {"Backend": backend})
+        run(guarded(trace, call(Backend.fail, KeyboardInterrupt())), Playing(backend))
     assert [type(seen) for seen in trace.caught] == [GeneratorExit]  # closed, not thrown in
     assert trace.finished
     assert backend.asked == [("fail", "KeyboardInterrupt")]  # nothing called after it
@@ -151,7 +169,7 @@ def test_a_cancelled_call_closes_the_program_and_the_cancellation_goes_on() -> N
 
     async def scenario() -> None:
         program = guarded(trace, call(Backend.double, 1))
-        task = asyncio.create_task(arun(program, {"Backend": backend}))
+        task = asyncio.create_task(arun(program, Playing(backend)))
         await backend.waiting.wait()  # the first call is being awaited
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -169,29 +187,57 @@ def test_arun_takes_plain_values_and_awaitables_alike() -> None:
 
     async def scenario() -> str:
         backend.gate.set()
-        return await arun(falling_back(trace, KeyError("x")), {"Backend": backend})
+        return await arun(falling_back(trace, KeyError("x")), Playing(backend))
 
     assert asyncio.run(scenario()) == "fell back"  # fail: plain; double: awaited
     assert trace.got == [42]
 
 
-class Doubler:
-    """A class with its rule written once, in both forms."""
+class DoublerCore:
+    """A core with its rule written once, for both forms."""
 
     def __init__(self, backend: Backend) -> None:
-        self.roles = {"Backend": backend}
+        self.roles = Playing(backend)
 
-    def _twice(self, n: int) -> Program[int]:
+    @rule
+    def twice(self, n: int) -> Program[int]:
         """Double ``n`` twice."""
         return doubling(Trace(), n)
 
-    twice = blocking(_twice)
-    atwice = awaitable(_twice)
+
+class Doubler(DoublerCore, Blocking):
+    pass
 
 
-def test_blocking_and_awaitable_methods_run_the_one_rule() -> None:
-    doubler = Doubler(Backend())
-    assert doubler.twice(3) == 12
-    pending: Awaitable[int] = doubler.atwice(3)
+class AsyncDoubler(DoublerCore, Awaiting):
+    pass
+
+
+def test_blocking_and_awaiting_forms_run_the_one_rule() -> None:
+    backend = Backend()
+    assert Doubler(backend).twice(3) == 12
+    pending: Awaitable[int] = AsyncDoubler(backend).twice(3)
     assert asyncio.run(pending) == 12  # type: ignore[arg-type]
-    assert Doubler.twice.__doc__ == Doubler.atwice.__doc__ == "Double ``n`` twice."
+    assert backend.asked == [("double", 3), ("double", 6)] * 2
+    assert Doubler.twice.__doc__ == AsyncDoubler.twice.__doc__ == "Double ``n`` twice."
+    assert not asyncio.iscoroutinefunction(Doubler.twice)
+    assert asyncio.iscoroutinefunction(AsyncDoubler.twice)
+
+
+def test_a_core_that_is_neither_form_has_no_method_of_its_rule() -> None:
+    with pytest.raises(TypeError, match="neither Blocking nor Awaiting"):
+        DoublerCore(Backend()).twice  # noqa: B018
+
+
+def test_roles_refuse_a_backend_that_cannot_play_its_role_when_made() -> None:
+    class Halfway:
+        def double(self, n: int) -> int:
+            return n
+
+    with pytest.raises(TypeError, match="cannot play the role 'backend': it has no fail"):
+        Playing(Halfway())  # type: ignore[arg-type]
+
+
+def test_only_the_methods_of_a_role_can_be_called() -> None:
+    with pytest.raises(TypeError, match=r"Trace\.__init__ is not a method of a role"):
+        call(Trace.__init__)

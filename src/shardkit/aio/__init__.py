@@ -31,21 +31,21 @@ from typing import Any
 
 from shardkit import _urls, metrics
 from shardkit._combine import AsyncCombiner
-from shardkit._program import arun, awaitable
+from shardkit._program import Awaiting, arun, playing
 from shardkit.aio.cache import OffloadedCache
 from shardkit.aio.executor import LoopExecutor
 from shardkit.aio.store import AsyncSqlStore, async_engine_from_url
 from shardkit.cache.base import Placed
 from shardkit.cache.memory import MemoryCache
 from shardkit.counters.adjuster import AsyncAdjuster
-from shardkit.counters.base import Options
-from shardkit.counters.buffered import BufferedCore, Sides, scheduled_flush
-from shardkit.counters.ids import IdCore
+from shardkit.counters.base import CounterRoles, Options
+from shardkit.counters.buffered import BufferedCore, BufferedRoles, Sides, scheduled_flush
+from shardkit.counters.ids import Guard, IdCore, IdRoles
 from shardkit.counters.monotonic import MonotonicCore
-from shardkit.counters.sharded import ShardedCore, Write
+from shardkit.counters.sharded import ShardedCore, ShardedRoles, Write
 from shardkit.errors import ConfigurationError, ShardkitError
 from shardkit.kitcore import DEFAULT_CACHE, DEFAULT_INTERVAL, DEFAULT_STORE, KitCore
-from shardkit.mapper.job import JobCore
+from shardkit.mapper.job import JobCore, JobRoles
 from shardkit.mapper.ledger import JobStatus, job_statuses
 from shardkit.store.base import CounterInfo
 from shardkit.validation import ADJUST_DELAY, check_job_id, check_kit_options
@@ -77,13 +77,13 @@ class AsyncSettings(Options):
     def placement(self) -> Placed | None:
         return self.cache if isinstance(self.cache, Placed) else None
 
-    @property
-    def roles(self) -> dict[str, object]:
-        """The backends, by the role each plays in the counters' programs."""
-        return {"Store": self.store, "Cache": self.cache, "Adjuster": self.adjuster}
+    @cached_property
+    def roles(self) -> CounterRoles:
+        """The backends, as the counters' programs run on them."""
+        return CounterRoles(playing(self.store), self.cache, playing(self.adjuster))
 
 
-class AsyncShardedCounter(ShardedCore):
+class AsyncShardedCounter(ShardedCore, Awaiting):
     """``shardkit.ShardedCounter``, awaited: the same guarantees, on the same rows.
 
     Concurrent increments from coroutines of the kit's event loop are combined: one
@@ -97,19 +97,18 @@ class AsyncShardedCounter(ShardedCore):
     def __init__(self, info: CounterInfo, settings: AsyncSettings) -> None:
         # One batch at a time is written, by the combiner's task: one ticket a process.
         super().__init__(info, settings, types.SimpleNamespace())
-        self.roles = {**settings.roles, "Writes": AsyncCombiner(self._write_now)}
+        roles, writes = settings.roles, playing(AsyncCombiner(self._write_now))
+        self.roles = ShardedRoles(roles.store, roles.cache, roles.adjuster, writes)
 
     async def _write_now(self, writes: Sequence[Write]) -> list[bool | ShardkitError]:
         return await arun(self._write(writes), self.roles)
 
-    incr = awaitable(ShardedCore._incr)
-    decr = awaitable(ShardedCore._decr)
-    grow = awaitable(ShardedCore._grow)
-    value = awaitable(ShardedCore._value)
-    shards = awaitable(ShardedCore._refresh_shards)
+    async def shards(self) -> int:
+        """The current shard count, read from the store."""
+        return await arun(self._refresh_shards(), self.roles)
 
 
-class AsyncBufferedCounter(BufferedCore):
+class AsyncBufferedCounter(BufferedCore, Awaiting):
     """``shardkit.BufferedCounter``, awaited: the same guarantees, on the same keys and
     rows (a sync process's flush moves an async process's increments, and back).
 
@@ -129,25 +128,22 @@ class AsyncBufferedCounter(BufferedCore):
     ) -> None:
         super().__init__(info, settings, interval, stripes)
         self._sides = [AsyncCombiner(self._bump_now(side)) for side in (0, 1)]
-        self.roles = {**settings.roles, "Executor": executor, "Bumps": Sides(*self._sides)}
+        roles, bumps = settings.roles, Sides(*self._sides)
+        self.roles = BufferedRoles(
+            roles.store, roles.cache, roles.adjuster, playing(executor), bumps
+        )
 
     def _bump_now(self, side: int) -> Callable[[Sequence[int]], Awaitable[list[None]]]:
         return lambda amounts: arun(self._bump(side, amounts), self.roles)
-
-    incr = awaitable(BufferedCore._incr)
-    decr = awaitable(BufferedCore._decr)
 
     async def flush(self) -> int:
         """``BufferedCounter.flush``, once the cache commands being sent have landed (a
         cancelled increment's included): it moves every increment sent before it."""
         await asyncio.gather(*(side.settled() for side in self._sides))
-        return await arun(self._flush(), self.roles)
-
-    parts = awaitable(BufferedCore._parts)
-    value = awaitable(BufferedCore._value)
+        return await arun(BufferedCore.flush.program(self), self.roles)
 
 
-class AsyncMonotonicCounter(MonotonicCore):
+class AsyncMonotonicCounter(MonotonicCore, Awaiting):
     """``shardkit.MonotonicCounter``, awaited: the same guarantees, on the same keys."""
 
     def __init__(
@@ -160,23 +156,15 @@ class AsyncMonotonicCounter(MonotonicCore):
         super().__init__(info, settings, chance_to_write, random)
         self.roles = settings.roles
 
-    incr = awaitable(MonotonicCore._incr)
-    checkpoint = awaitable(MonotonicCore._checkpoint)
-    value = awaitable(MonotonicCore._value)
-    persisted = awaitable(MonotonicCore._persisted)
 
-
-class AsyncIdAllocator(IdCore):
+class AsyncIdAllocator(IdCore, Awaiting):
     """``shardkit.IdAllocator``, awaited: ids never handed out twice, from the same
     blocks as the sync kit's (sync and async processes share the allocator)."""
 
     def __init__(self, info: CounterInfo, settings: AsyncSettings, block: int) -> None:
         super().__init__(info, settings, block)
-        self.roles = {**settings.roles, "Guard": asyncio.Lock(), "Clock": asyncio}
-
-    next = awaitable(IdCore._next)
-    take = awaitable(IdCore._take)
-    reserved = awaitable(IdCore._reserved)
+        roles, guard = settings.roles, Guard(asyncio.Lock())
+        self.roles = IdRoles(roles.store, roles.cache, roles.adjuster, guard, asyncio)
 
 
 class _Polling:
@@ -190,23 +178,19 @@ class _Polling:
         return seen
 
 
-class AsyncJob(JobCore):
+class AsyncJob(JobCore, Awaiting):
     """A mapping job's handle in an async kit: its status and its end, read without
     blocking the event loop (start, cancel and resume jobs with the sync kit)."""
 
     def __init__(self, store: AsyncSqlStore, job_id: str) -> None:
         super().__init__(store, job_id)
-        self.roles = {**store.roles, "Finishes": _Polling()}
-
-    status = awaitable(JobCore._status)
-    ranges = awaitable(JobCore._ranges)
-    wait = awaitable(JobCore._wait)
+        self.roles = JobRoles(playing(store), playing(_Polling()))
 
 
 AsyncCounter = AsyncShardedCounter | AsyncBufferedCounter | AsyncMonotonicCounter | AsyncIdAllocator
 
 
-class AsyncKit(KitCore[AsyncCounter]):
+class AsyncKit(KitCore[AsyncCounter], Awaiting):
     """An async store and cache, and the counters that live in them. Use it as an async
     context manager, or ``await kit.aclose()``."""
 
@@ -343,12 +327,6 @@ class AsyncKit(KitCore[AsyncCounter]):
     async def reset(self, name: str) -> CounterInfo:
         """Reset counter ``name`` to a new, empty incarnation: see ``Kit.reset``."""
         return await arun(self._reset(name), self.roles)
-
-    values = awaitable(KitCore._values)
-    purge_keys = awaitable(KitCore._purge_keys)
-    parts = awaitable(KitCore._parts)
-    flush_all = awaitable(KitCore._flush_all)
-    counters = awaitable(KitCore._counters_in_store)
 
 
 class _Connecting:

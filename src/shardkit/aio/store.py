@@ -22,9 +22,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from shardkit import _urls
-from shardkit._program import awaitable
+from shardkit._program import Awaiting, playing
 from shardkit.errors import ConfigurationError, MissingDriver
-from shardkit.store.sql import SqlCore, gate_forks, make_engine, watch_for_poolers
+from shardkit.store.sql import SqlCore, SqlRoles, gate_forks, make_engine, watch_for_poolers
 
 _T = TypeVar("_T")
 
@@ -40,7 +40,7 @@ _DRIVERS = {
 }
 
 
-class AsyncSqlStore(SqlCore):
+class AsyncSqlStore(SqlCore, Awaiting):
     """``Store``'s methods, awaited, on an ``AsyncEngine``.
 
     Belongs to the event loop it is used on. A transaction or a read is never interrupted
@@ -60,30 +60,11 @@ class AsyncSqlStore(SqlCore):
     ) -> None:
         super().__init__(engine.dialect, engine.url, prefix=prefix)
         self.engine = engine
+        self.roles = SqlRoles(playing(self))
         self._owns_engine = owns_engine
         self._finishing: set[asyncio.Task[Any]] = set()  # cancelled callers' calls
         watch_for_poolers(engine.sync_engine)
         gate_forks(engine.sync_engine)
-
-    create_schema = awaitable(SqlCore._create_schema)
-    identity = awaitable(SqlCore._identity_of_store)
-    open_counter = awaitable(SqlCore._open_counter)
-    delete = awaitable(SqlCore._delete)
-    counter = awaitable(SqlCore._counter)
-    counters = awaitable(SqlCore._counters)
-    add = awaitable(SqlCore._add)
-    add_many = awaitable(SqlCore._add_many)
-    total = awaitable(SqlCore._total)
-    totals = awaitable(SqlCore._totals)
-    add_generation = awaitable(SqlCore._add_generation)
-    generations = awaitable(SqlCore._generations)
-    recorded_at = awaitable(SqlCore._recorded_at)
-    advance = awaitable(SqlCore._advance)
-    retire = awaitable(SqlCore._retire)
-    raise_max = awaitable(SqlCore._raise_max_of)
-    maxima = awaitable(SqlCore._maxima)
-    reserve = awaitable(SqlCore._reserve)
-    purge_keys = awaitable(SqlCore._purge_keys)
 
     # -- the role Sql ------------------------------------------------------------------
 
@@ -141,6 +122,14 @@ class AsyncSqlStore(SqlCore):
                 await conn.execute(self._upsert_add, params)
         except SQLAlchemyError as exc:
             raise self._error(exc, f"adding to counter {params['p_name']!r}") from exc
+
+    async def has_schema(self) -> bool:
+        """See ``Store.has_schema``."""
+        try:
+            async with self.engine.connect() as conn:
+                return await conn.run_sync(self.schema_in)
+        except SQLAlchemyError as exc:
+            raise self._error(exc, "looking for the schema") from exc
 
     async def close(self) -> None:
         """Close the engine's connections, if the store made the engine, once the calls

@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Protocol, runtime_checkable
 
+from shardkit._program import role
 from shardkit.errors import BackendError
 
 
+@role("cache")
 @runtime_checkable
 class Cache(Protocol):
     """A shared cache of integers. Thread-safe; a child of ``os.fork()`` opens its own

@@ -27,18 +27,20 @@ import contextlib
 import inspect
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple, Protocol
 from urllib.parse import unquote
 
 from shardkit import _urls
-from shardkit._program import Program, awaitable, blocking, call
+from shardkit._program import Awaiting, Blocking, Clock, Program, call, role, rule
 from shardkit.cache.redis import (
     _INCR,
     _INCR_MANY,
     AsyncSentOnce,
     Client,
     RedisCore,
+    RedisRoles,
     SentOnce,
     _redis_module,
     _Sender,
@@ -82,6 +84,7 @@ def parse(url: str) -> Startup:
     return Startup(nodes, username, password, ssl)
 
 
+@role("replicas")
 class Replicas(Protocol):
     """The role that increments a key on its primary and waits there for a replica (one
     pipeline on that primary's connection), and reads the cluster's map again."""
@@ -90,10 +93,12 @@ class Replicas(Protocol):
     def refresh(self) -> Any: ...
 
 
-class Clock(Protocol):
-    """The role that waits (``time``, or ``asyncio``)."""
+@dataclass(frozen=True, slots=True)
+class ClusterRoles(RedisRoles):
+    """What a Redis Cluster cache's programs run on."""
 
-    def sleep(self, seconds: float) -> Any: ...
+    replicas: Replicas
+    clock: Clock
 
 
 class _Commands:
@@ -168,6 +173,8 @@ class ClusterCore(RedisCore):
     """What the sync and async cluster caches share: ``RedisCore``'s programs, with the
     increments that differ on a cluster, and where keys live (``Placed``)."""
 
+    roles: ClusterRoles
+
     @staticmethod
     def _describe(client: Any) -> tuple[str, str | None]:
         nodes = ",".join(sorted(node.name for node in client.get_nodes()))
@@ -190,7 +197,8 @@ class ClusterCore(RedisCore):
         """The cluster's primaries, in a stable order."""
         return sorted(node.name for node in self._client.get_primaries())
 
-    def _incr_many(self, deltas: Mapping[str, int]) -> Program[None]:
+    @rule
+    def incr_many(self, deltas: Mapping[str, int]) -> Program[None]:
         """One script per slot (a script's keys must share one), each sent once (see
         ``_followed``)."""
         groups: dict[int, dict[str, int]] = {}
@@ -200,11 +208,13 @@ class ClusterCore(RedisCore):
             keys, args = list(group), list(group.values())
             yield from self._followed(partial(self._script, _INCR_MANY, keys, args), once=True)
 
-    def _bump(self, key: str, delta: int) -> Program[int]:
+    @rule
+    def bump(self, key: str, delta: int) -> Program[int]:
         """``RedisCore._bump``, sent once (see ``_followed``)."""
         return int((yield from self._followed(lambda: call(Client.incrby, key, delta), once=True)))
 
-    def _incr(self, key: str, delta: int) -> Program[int | None]:
+    @rule
+    def incr(self, key: str, delta: int) -> Program[int | None]:
         """``RedisCore._incr``, returning once a replica has the increment; sent again
         where the connection failed (see ``_followed``): what ``incr`` hands out may skip
         a value, never repeat one."""
@@ -369,7 +379,7 @@ class _AsyncNodePipes:
         self._nodes.clear()
 
 
-class RedisClusterCache(ClusterCore):
+class RedisClusterCache(ClusterCore, Blocking):
     """Redis Cluster as the shared cache: ``RedisCache``'s contract on every primary of a
     cluster, plus ``owner``/``owners`` (where a key lives), which a buffered counter's
     stripes are placed by. Thread-safe and fork-safe (each node's pool reconnects in a
@@ -403,15 +413,7 @@ class RedisClusterCache(ClusterCore):
         super().__init__(client, url=url, owns_client=owns_client)
         self._pipes = _NodePipes(client)
         commands = _Commands(client, self._pipes.sender)
-        self.roles = {"Client": commands, "Replicas": self._pipes, "Clock": time}
-
-    get = blocking(RedisCore._get)
-    get_many = blocking(RedisCore._get_many)
-    add = blocking(RedisCore._add)
-    incr = blocking(ClusterCore._incr)
-    incr_many = blocking(ClusterCore._incr_many)
-    bump = blocking(ClusterCore._bump)
-    delete = blocking(RedisCore._delete)
+        self.roles = ClusterRoles(commands, self._pipes, time)
 
     def close(self) -> None:
         self._pipes.close()
@@ -419,7 +421,7 @@ class RedisClusterCache(ClusterCore):
             self._client.close()
 
 
-class AsyncRedisClusterCache(ClusterCore):
+class AsyncRedisClusterCache(ClusterCore, Awaiting):
     """Redis Cluster as the shared cache of an async kit (``redis.asyncio``'s
     ``RedisCluster``): ``RedisClusterCache``'s methods, awaited, on the same keys."""
 
@@ -445,15 +447,7 @@ class AsyncRedisClusterCache(ClusterCore):
         super().__init__(client, url=url, owns_client=owns_client)
         self._pipes = _AsyncNodePipes(client)
         commands = _AsyncCommands(client, self._pipes.sender)
-        self.roles = {"Client": commands, "Replicas": self._pipes, "Clock": asyncio}
-
-    get = awaitable(RedisCore._get)
-    get_many = awaitable(RedisCore._get_many)
-    add = awaitable(RedisCore._add)
-    incr = awaitable(ClusterCore._incr)
-    incr_many = awaitable(ClusterCore._incr_many)
-    bump = awaitable(ClusterCore._bump)
-    delete = awaitable(RedisCore._delete)
+        self.roles = ClusterRoles(commands, self._pipes, asyncio)
 
     async def close(self) -> None:
         await self._pipes.aclose()

@@ -6,12 +6,13 @@ import collections
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from shardkit import _urls
 from shardkit._fork import reset_in_child
-from shardkit._program import Call, Program, awaitable, blocking, call
+from shardkit._program import Awaiting, Blocking, Call, Program, Roles, call, role, rule
 from shardkit.cache.base import read_number
 from shardkit.errors import BackendError, BackendUnavailable, ConfigurationError, MissingDriver
 
@@ -45,6 +46,7 @@ def _redis_module() -> Any:
     return redis
 
 
+@role("client")
 class Client(Protocol):
     """The role of the redis-py client (``redis.Redis`` or ``redis.asyncio.Redis``) in
     the cache's programs: the commands they send."""
@@ -56,6 +58,13 @@ class Client(Protocol):
     def delete(self, name: str) -> Any: ...
     def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any: ...
     def script_load(self, script: str) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RedisRoles(Roles):
+    """What a Redis cache's programs run on."""
+
+    client: Client
 
 
 class _Sender:
@@ -179,10 +188,10 @@ _INCR_MANY = _Script(_INCR_MANY_IF_EXIST)
 
 class RedisCore:
     """What the sync and async Redis caches share: ``Cache``'s methods, as programs run
-    on the role ``Client``, played as each form sets in its ``roles``."""
+    on ``RedisRoles``, as each form sets them."""
 
     shared = True
-    roles: dict[str, Any]
+    roles: RedisRoles
 
     def __init__(self, client: Any, *, url: str | None = None, owns_client: bool = False):
         self._client = client
@@ -220,11 +229,13 @@ class RedisCore:
             yield from call(Client.script_load, script.source)
             return (yield from call(Client.evalsha, script.sha, len(keys), *words))
 
-    def _get(self, key: str) -> Program[int | None]:
+    @rule
+    def get(self, key: str) -> Program[int | None]:
         value = yield from self._command("reading", call(Client.get, key))
         return None if value is None else read_number(self.url, value)
 
-    def _get_many(self, keys: Iterable[str]) -> Program[dict[str, int]]:
+    @rule
+    def get_many(self, keys: Iterable[str]) -> Program[dict[str, int]]:
         wanted = list(keys)
         if not wanted:
             return {}
@@ -235,28 +246,33 @@ class RedisCore:
             if value is not None
         }
 
-    def _add(self, key: str, value: int, ttl: float | None) -> Program[bool]:
+    @rule
+    def add(self, key: str, value: int, ttl: float | None) -> Program[bool]:
         millis = None if ttl is None else max(1, math.ceil(ttl * 1000))
         added = yield from self._command("adding", call(Client.set, key, value, nx=True, px=millis))
         return bool(added)
 
-    def _incr(self, key: str, delta: int) -> Program[int | None]:
+    @rule
+    def incr(self, key: str, delta: int) -> Program[int | None]:
         value = yield from self._command("incrementing", self._script(_INCR, [key], [delta]))
         return None if value is None else int(value)
 
-    def _incr_many(self, deltas: Mapping[str, int]) -> Program[None]:
+    @rule
+    def incr_many(self, deltas: Mapping[str, int]) -> Program[None]:
         if deltas:
             script = self._script(_INCR_MANY, list(deltas), list(deltas.values()))
             yield from self._command("incrementing", script)
 
-    def _bump(self, key: str, delta: int) -> Program[int]:
+    @rule
+    def bump(self, key: str, delta: int) -> Program[int]:
         return int((yield from self._command("incrementing", call(Client.incrby, key, delta))))
 
-    def _delete(self, key: str) -> Program[None]:
+    @rule
+    def delete(self, key: str) -> Program[None]:
         yield from self._command("deleting", call(Client.delete, key))
 
 
-class RedisCache(RedisCore):
+class RedisCache(RedisCore, Blocking):
     """Redis as the shared cache. Every call is one round trip; ``incr`` is a Lua script.
     Increments are sent once, never retried (``SentOnce``).
 
@@ -266,19 +282,11 @@ class RedisCache(RedisCore):
     def __init__(self, client: Any, *, url: str | None = None, owns_client: bool = False):
         super().__init__(client, url=url, owns_client=owns_client)
         self._sent_once = SentOnce(client)
-        self.roles = {"Client": self._sent_once}
+        self.roles = RedisRoles(self._sent_once)
 
     @classmethod
     def from_url(cls, url: str) -> RedisCache:
         return cls(_client(_redis_module().Redis, url), url=url, owns_client=True)
-
-    get = blocking(RedisCore._get)
-    get_many = blocking(RedisCore._get_many)
-    add = blocking(RedisCore._add)
-    incr = blocking(RedisCore._incr)
-    incr_many = blocking(RedisCore._incr_many)
-    bump = blocking(RedisCore._bump)
-    delete = blocking(RedisCore._delete)
 
     def close(self) -> None:
         self._sent_once.close()
@@ -286,13 +294,13 @@ class RedisCache(RedisCore):
             self._client.close()
 
 
-class AsyncRedisCache(RedisCore):
+class AsyncRedisCache(RedisCore, Awaiting):
     """Redis as the shared cache of an async kit (``redis.asyncio``): ``RedisCache``'s
     methods, awaited, on the same keys. Increments are sent once (``AsyncSentOnce``)."""
 
     def __init__(self, client: Any, *, url: str | None = None, owns_client: bool = False):
         super().__init__(client, url=url, owns_client=owns_client)
-        self.roles = {"Client": AsyncSentOnce(client)}
+        self.roles = RedisRoles(AsyncSentOnce(client))
 
     @classmethod
     def from_url(cls, url: str) -> AsyncRedisCache:
@@ -304,14 +312,6 @@ class AsyncRedisCache(RedisCore):
 
         pool = _client(redis.asyncio.BlockingConnectionPool, url, max_connections=_POOL)
         return cls(redis.asyncio.Redis.from_pool(pool), url=url, owns_client=True)
-
-    get = awaitable(RedisCore._get)
-    get_many = awaitable(RedisCore._get_many)
-    add = awaitable(RedisCore._add)
-    incr = awaitable(RedisCore._incr)
-    incr_many = awaitable(RedisCore._incr_many)
-    bump = awaitable(RedisCore._bump)
-    delete = awaitable(RedisCore._delete)
 
     async def close(self) -> None:
         if self._owns_client:

@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from shardkit import metrics
 from shardkit._failures import FailureLog
 from shardkit._fork import reset_in_child
-from shardkit._program import Program, arun, call, run
+from shardkit._program import Program, Roles, arun, call, role, run
 from shardkit.cache.base import Cache
 from shardkit.errors import BackendError
 
@@ -29,6 +30,14 @@ _ADJUSTING = metrics.action("adjusting cached values")
 _SYNC_TIMEOUT = 10.0
 
 
+@dataclass(frozen=True, slots=True)
+class Sending(Roles):
+    """What ``sending`` runs on."""
+
+    cache: Cache
+
+
+@role("adjuster")
 class Adjuster:
     """Gathers adjustments of cached values and sends them within ``delay`` seconds.
 
@@ -51,7 +60,7 @@ class Adjuster:
         self._cache = cache
         self._failures = failures
         self._delay = delay
-        self._roles = {"Cache": cache}  # what ``sending`` runs on
+        self._roles = Sending(cache)
         self._reset()
         reset_in_child(self, Adjuster._reset)
 
@@ -132,7 +141,7 @@ class AsyncAdjuster:
         self._cache = cache  # an async cache, or the (never blocking) in-process one
         self._failures = failures
         self._delay = delay
-        self._roles = {"Cache": cache}  # what ``sending`` runs on
+        self._roles = Sending(cache)
         self._pending: dict[str, int] = {}
         self._added = 0
         self._sent = 0

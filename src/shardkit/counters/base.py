@@ -7,13 +7,13 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from shardkit._failures import FailureLog
-from shardkit._program import Call, Program, call
+from shardkit._program import Call, Program, Roles, call
 from shardkit.cache.base import Cache, Placed
 from shardkit.counters.adjuster import Adjuster
 from shardkit.errors import BackendError, CounterKindMismatch, CounterNotFound
@@ -78,6 +78,16 @@ class Options:
         return f"{self.namespace}{{{label}}}:{part}:{name}"
 
 
+@dataclass(frozen=True, slots=True)
+class CounterRoles(Roles):
+    """The backends every counter kind's programs run on."""
+
+    store: Store
+    cache: Cache
+    adjuster: Adjuster
+    """Where sharded writes leave their adjustments of cached values."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class CounterSettings(Options):
     """The backends and settings a (sync) kit hands each of its counters."""
@@ -104,10 +114,10 @@ class CounterSettings(Options):
     def placement(self) -> Placed | None:
         return self.cache if isinstance(self.cache, Placed) else None
 
-    @property
-    def roles(self) -> dict[str, object]:
-        """The backends, by the role each plays in the counters' programs."""
-        return {"Store": self.store, "Cache": self.cache, "Adjuster": self.adjuster}
+    @cached_property
+    def roles(self) -> CounterRoles:
+        """The backends, as the counters' programs run on them."""
+        return CounterRoles(self.store, self.cache, self.adjuster)
 
 
 class CounterCore:
@@ -120,7 +130,7 @@ class CounterCore:
     counter) if the name holds none."""
 
     kind: str
-    roles: Mapping[str, Any]
+    roles: CounterRoles
 
     def __init__(self, info: CounterInfo, options: Options) -> None:
         self.name = info.name

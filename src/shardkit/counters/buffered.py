@@ -47,14 +47,16 @@ import os
 import random
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from shardkit import metrics
 from shardkit._combine import Combiner
-from shardkit._program import Program, blocking, call, run
+from shardkit._program import Blocking, Program, call, role, rule, run
 from shardkit.cache.base import Cache
 from shardkit.counters.base import (
     CounterCore,
+    CounterRoles,
     CounterSettings,
     Options,
     best_effort,
@@ -117,6 +119,7 @@ class Parts(NamedTuple):
         return self.stored + self.pending
 
 
+@role("bumps")
 class Bumps(Protocol):
     """The role that adds to a generation's sums: a combiner per side, so that
     concurrent increments (side 0) or decrements (1) share one cache command."""
@@ -134,12 +137,21 @@ class Sides:
         return self.sides[side](amount)
 
 
+@dataclass(frozen=True, slots=True)
+class BufferedRoles(CounterRoles):
+    """What a buffered counter's programs run on."""
+
+    executor: Executor
+    """Runs the scheduled flushes."""
+    bumps: Bumps
+
+
 class BufferedCore(CounterCore):
     """The buffered counter's rules, for its sync and async forms (see
-    ``BufferedCounter``). Its programs run on the roles ``Store``, ``Cache``,
-    ``Executor`` (which runs the scheduled flushes) and ``Bumps``."""
+    ``BufferedCounter``). Its programs run on ``BufferedRoles``."""
 
     kind = "buffered"
+    roles: BufferedRoles
 
     def __init__(
         self, info: CounterInfo, options: Options, interval: float, stripes: int = 1
@@ -166,7 +178,8 @@ class BufferedCore(CounterCore):
 
     # -- writes ------------------------------------------------------------------------
 
-    def _incr(self, delta: int = 1) -> Program[None]:
+    @rule
+    def incr(self, delta: int = 1) -> Program[None]:
         """Add ``delta``, an int within ±``MAX_DELTA`` (2**40; a larger one raises
         ``InvalidDelta`` and counts nothing); one cache round trip, which concurrent
         increments from other threads (or coroutines) of the process share (it returns
@@ -185,9 +198,10 @@ class BufferedCore(CounterCore):
             yield from call(Bumps.__call__, int(delta < 0), abs(delta))
             yield from self._schedule()
 
-    def _decr(self, delta: int = 1) -> Program[None]:
+    @rule
+    def decr(self, delta: int = 1) -> Program[None]:
         """Subtract ``delta``; the same contract as ``incr``."""
-        return self._incr(-check_delta(delta))
+        return BufferedCore.incr.program(self, -check_delta(delta))
 
     def _bump(self, side: int, amounts: Sequence[int]) -> Program[list[None]]:
         """Add a batch of increments (``side`` 0) or decrements (1) to the sum of the
@@ -310,7 +324,8 @@ class BufferedCore(CounterCore):
 
     # -- flushes -----------------------------------------------------------------------
 
-    def _flush(self) -> Program[int]:
+    @rule
+    def flush(self) -> Program[int]:
         """Move what is pending into the store now; return how much this call moved.
 
         Safe at any time, from anywhere, concurrently with writers and other flushes.
@@ -344,17 +359,19 @@ class BufferedCore(CounterCore):
 
     # -- reads -------------------------------------------------------------------------
 
-    def _parts(self) -> Program[Parts]:
+    @rule
+    def parts(self) -> Program[Parts]:
         """The stored and pending parts of the value: one store read, then one cache read
         (in that order, so a flush between the two is never counted twice)."""
         return (yield from read_parts(self._options, [self.name]))[self.name]
 
-    def _value(self) -> Program[int]:
+    @rule
+    def value(self) -> Program[int]:
         """The exact value now: stored plus pending."""
-        return (yield from self._parts()).total
+        return (yield from BufferedCore.parts.program(self)).total
 
 
-class BufferedCounter(BufferedCore):
+class BufferedCounter(BufferedCore, Blocking):
     """A counter whose increments cost one cache round trip and reach the store in
     flushes, at most one scheduled per counter per ``interval`` seconds.
 
@@ -383,16 +400,11 @@ class BufferedCounter(BufferedCore):
         super().__init__(info, settings, interval, stripes)
         self._executor = executor
         bumps = Sides(*(Combiner(self._bump_now(side)) for side in (0, 1)))
-        self.roles = {**settings.roles, "Executor": executor, "Bumps": bumps}
+        roles = settings.roles
+        self.roles = BufferedRoles(roles.store, roles.cache, roles.adjuster, executor, bumps)
 
     def _bump_now(self, side: int) -> Any:
         return lambda amounts: run(self._bump(side, amounts), self.roles)
-
-    incr = blocking(BufferedCore._incr)
-    decr = blocking(BufferedCore._decr)
-    flush = blocking(BufferedCore._flush)
-    parts = blocking(BufferedCore._parts)
-    value = blocking(BufferedCore._value)
 
 
 def pointer_keys(options: Options, info: CounterInfo, stripes: int) -> list[str]:

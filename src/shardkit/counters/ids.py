@@ -22,17 +22,29 @@ each process has its own block: ids increase within the process.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 import time
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from shardkit import metrics
-from shardkit._program import Program, blocking, call
+from shardkit._program import Blocking, Clock, Program, call, role, rule
 from shardkit.cache.base import Cache
-from shardkit.counters.base import CounterCore, CounterSettings, Options, incarnation_key
+from shardkit.counters.base import (
+    CounterCore,
+    CounterRoles,
+    CounterSettings,
+    Options,
+    incarnation_key,
+)
 from shardkit.errors import BackendError
 from shardkit.store.base import CounterInfo, Deleted, Store
 from shardkit.validation import check_block, check_count
+
+if TYPE_CHECKING:
+    import asyncio
 
 # Blocks whose key the cache lost at once, or failed to increment, before giving up.
 _ATTEMPTS = 5
@@ -41,25 +53,41 @@ _ATTEMPTS = 5
 _CLAIM_WAIT = 5.0
 
 
-class Guard(Protocol):
-    """The role of the lock that lets one writer of a process at a time leave a
-    generation (a ``threading.Lock``, or an ``asyncio.Lock``)."""
+@role("guard")
+class Guard:
+    """The lock that lets one writer of a process at a time leave a generation: a
+    ``threading.Lock``, or an ``asyncio.Lock``. Acquiring it is a call the runner
+    carries out (awaited on an event loop); it returns the lock's release, which never
+    blocks, so that a program's ``finally`` block releases it even when the program is
+    closed."""
 
-    def acquire(self) -> Any: ...
-    def release(self) -> None: ...
+    def __init__(self, lock: threading.Lock | asyncio.Lock) -> None:
+        self._lock = lock
+
+    def acquire(self) -> Any:
+        """The lock's release, once it is held (or an awaitable of it)."""
+        acquiring = self._lock.acquire()
+        return self._then(acquiring) if inspect.isawaitable(acquiring) else self._lock.release
+
+    async def _then(self, acquiring: Awaitable[Any]) -> Callable[[], None]:
+        await acquiring
+        return self._lock.release
 
 
-class Clock(Protocol):
-    """The role that waits (the ``time`` module, or ``asyncio``)."""
+@dataclass(frozen=True, slots=True)
+class IdRoles(CounterRoles):
+    """What an id allocator's programs run on."""
 
-    def sleep(self, seconds: float) -> Any: ...
+    guard: Guard
+    clock: Clock
 
 
 class IdCore(CounterCore):
     """The id allocator's rules, for its sync and async forms (see ``IdAllocator``); its
-    programs run on the roles ``Store``, ``Cache``, ``Guard`` and ``Clock``."""
+    programs run on ``IdRoles``."""
 
     kind = "ids"
+    roles: IdRoles
 
     def __init__(self, info: CounterInfo, options: Options, block: int) -> None:
         super().__init__(info, options)
@@ -74,7 +102,8 @@ class IdCore(CounterCore):
     def _key_of(self, mark: int) -> str:
         return block_key(self._options, self.name, mark)
 
-    def _next(self) -> Program[int]:
+    @rule
+    def next(self) -> Program[int]:
         """A new id: one cache round trip, plus one store round trip per block used.
 
         A block whose key the cache fails to increment is left behind, as if lost (its
@@ -102,11 +131,12 @@ class IdCore(CounterCore):
                 if losses == _ATTEMPTS:
                     raise BackendError(f"the cache kept losing the ids of {self.name!r}")
 
-    def _take(self, count: int) -> Program[list[int]]:
+    @rule
+    def take(self, count: int) -> Program[list[int]]:
         """``count`` (1 … 1,000,000) new ids, in increasing order."""
         ids = []
         for _ in range(check_count(count)):
-            ids.append((yield from self._next()))
+            ids.append((yield from IdCore.next.program(self)))
         return ids
 
     def _move_on(self, spent: int) -> Program[bool]:
@@ -115,11 +145,11 @@ class IdCore(CounterCore):
         the cache) and the others wait for it, so a shared block is replaced once.
         Returns whether this call had to start a generation because ``spent`` had lost
         its key while current."""
-        yield from call(Guard.acquire)
+        release: Callable[[], None] = yield from call(Guard.acquire)
         try:
             return (yield from self._leave(spent))
         finally:
-            self.roles["Guard"].release()
+            release()
 
     def _leave(self, spent: int) -> Program[bool]:
         if self._mark != spent:  # another writer moved on meanwhile
@@ -184,7 +214,8 @@ class IdCore(CounterCore):
         self._key = self._key_of(mark)
         self._mark = mark
 
-    def _reserved(self) -> Program[int]:
+    @rule
+    def reserved(self) -> Program[int]:
         """The high-water mark: every id handed out so far is at most this."""
         return (yield from call(Store.total, self.name))
 
@@ -212,7 +243,7 @@ def forget(options: Options, deleted: Deleted) -> Program[None]:
     yield from call(Cache.delete, key)
 
 
-class IdAllocator(IdCore):
+class IdAllocator(IdCore, Blocking):
     """Hands out unique ids (ints ≥ 1), increasing in every process.
 
     Guarantees: no id is ever handed out twice — across processes, machines, cache loss
@@ -223,8 +254,5 @@ class IdAllocator(IdCore):
 
     def __init__(self, info: CounterInfo, settings: CounterSettings, block: int) -> None:
         super().__init__(info, settings, block)
-        self.roles = {**settings.roles, "Guard": threading.Lock(), "Clock": time}
-
-    next = blocking(IdCore._next)
-    take = blocking(IdCore._take)
-    reserved = blocking(IdCore._reserved)
+        roles, guard = settings.roles, Guard(threading.Lock())
+        self.roles = IdRoles(roles.store, roles.cache, roles.adjuster, guard, time)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from shardkit import metrics
-from shardkit._program import Program, blocking, call
+from shardkit._program import Blocking, Program, call, rule
 from shardkit.cache.base import Cache
 from shardkit.counters.base import (
     CounterCore,
@@ -33,7 +33,7 @@ _PERSISTING = metrics.action("persisting a maximum")
 
 class MonotonicCore(CounterCore):
     """The monotonic counter's rules, for its sync and async forms (see
-    ``MonotonicCounter``); its programs run on the roles ``Store`` and ``Cache``."""
+    ``MonotonicCounter``); its programs run on ``CounterRoles``."""
 
     kind = "monotonic"
 
@@ -56,7 +56,8 @@ class MonotonicCore(CounterCore):
             f"chance_to_write={self.chance_to_write}>"
         )
 
-    def _incr(self, delta: int = 1) -> Program[int]:
+    @rule
+    def incr(self, delta: int = 1) -> Program[int]:
         """Add ``delta`` (an int ≥ 1) and return the new value. An increment that would
         take the value past 2**63 - 1 raises ``CounterOverflow`` and counts nothing.
 
@@ -90,14 +91,15 @@ class MonotonicCore(CounterCore):
         """Put the persisted maximum in the cache unless a value is there already (of the
         incarnation the store holds, created for a write: ``CounterCore._follow``)."""
         yield from self._follow(create=create)
-        persisted = yield from self._persisted()
+        persisted = yield from MonotonicCore.persisted.program(self)
         yield from call(Cache.add, self._value_key, persisted, None)
 
     def _moved(self) -> None:
         self.shards = self.info.shards
         self._value_key = value_key(self._options, self.info)
 
-    def _checkpoint(self) -> Program[None]:
+    @rule
+    def checkpoint(self) -> Program[None]:
         """Persist the current cached value now (e.g. before a planned cache restart, or
         as closing the kit does for a private, per-process cache)."""
         cached = yield from call(Cache.get, self._value_key)
@@ -107,7 +109,8 @@ class MonotonicCore(CounterCore):
     def _random_shard(self) -> int:
         return min(int(self._random() * self.shards), self.shards - 1)
 
-    def _value(self) -> Program[int]:
+    @rule
+    def value(self) -> Program[int]:
         """The current value: the cache's, populating it from the store if needed."""
         if self._look_due(self._options.cache_ttl):
             yield from self._follow(create=False)
@@ -115,9 +118,10 @@ class MonotonicCore(CounterCore):
         if cached is None:
             yield from self._populate(create=False)
             cached = yield from call(Cache.get, self._value_key)
-        return (yield from self._persisted()) if cached is None else cached
+        return (yield from MonotonicCore.persisted.program(self)) if cached is None else cached
 
-    def _persisted(self) -> Program[int]:
+    @rule
+    def persisted(self) -> Program[int]:
         """The highest value persisted in the store."""
         maxima = yield from call(Store.maxima, [self.name])
         return maxima[self.name]
@@ -133,7 +137,7 @@ def forget(options: Options, deleted: Deleted) -> Program[None]:
     yield from call(Cache.delete, value_key(options, deleted.info))
 
 
-class MonotonicCounter(MonotonicCore):
+class MonotonicCounter(MonotonicCore, Blocking):
     """A counter whose value lives in the cache and only grows while the cache keeps it.
 
     Guarantees:
@@ -159,8 +163,3 @@ class MonotonicCounter(MonotonicCore):
     ) -> None:
         super().__init__(info, settings, chance_to_write, random)
         self.roles = settings.roles
-
-    incr = blocking(MonotonicCore._incr)
-    checkpoint = blocking(MonotonicCore._checkpoint)
-    value = blocking(MonotonicCore._value)
-    persisted = blocking(MonotonicCore._persisted)

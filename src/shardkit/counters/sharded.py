@@ -7,14 +7,21 @@ import random
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from shardkit import metrics
 from shardkit._combine import Combiner
-from shardkit._program import Program, blocking, call, run
+from shardkit._program import Blocking, Program, call, role, rule, run
 from shardkit.cache.base import Cache
 from shardkit.counters.adjuster import Adjuster
-from shardkit.counters.base import CounterCore, CounterSettings, Options, best_effort
+from shardkit.counters.base import (
+    CounterCore,
+    CounterRoles,
+    CounterSettings,
+    Options,
+    best_effort,
+)
 from shardkit.errors import BackendError, ShardkitError
 from shardkit.store.base import CounterInfo, Deleted, Store
 from shardkit.validation import check_delta, check_name, check_shards, sums_fit
@@ -32,6 +39,7 @@ _CACHING = metrics.action("caching a value")
 Write = tuple[int, str | None]  # (delta, idempotency key)
 
 
+@role("writes")
 class Writes(Protocol):
     """The role that carries out a counter's writes: a combiner (concurrent writes share
     one statement), or a plain call of the counter's ``_write``."""
@@ -39,13 +47,21 @@ class Writes(Protocol):
     def __call__(self, write: Write, /) -> bool | ShardkitError: ...
 
 
+@dataclass(frozen=True, slots=True)
+class ShardedRoles(CounterRoles):
+    """What a sharded counter's programs run on."""
+
+    writes: Writes
+
+
 class ShardedCore(CounterCore):
     """The sharded counter's rules, for its sync and async forms (see ``ShardedCounter``).
 
-    Its programs run on the roles ``Store``, ``Cache``, ``Adjuster`` and ``Writes``.
+    Its programs run on ``ShardedRoles``.
     """
 
     kind = "sharded"
+    roles: ShardedRoles
 
     def __init__(self, info: CounterInfo, options: Options, local: Any) -> None:
         """``local`` holds a writer's shard ticket: per thread, or per process where one
@@ -61,14 +77,16 @@ class ShardedCore(CounterCore):
 
     # -- writes ------------------------------------------------------------------------
 
-    def _incr(self, delta: int = 1, *, key: str | None = None) -> Program[bool]:
+    @rule
+    def incr(self, delta: int = 1, *, key: str | None = None) -> Program[bool]:
         """Add ``delta`` (an int within signed 64-bit, may be negative).
 
         Returns True when applied, False when ``key`` had been applied already.
         """
         return metrics.timed(self.kind, self._add(check_delta(delta), key))
 
-    def _decr(self, delta: int = 1, *, key: str | None = None) -> Program[bool]:
+    @rule
+    def decr(self, delta: int = 1, *, key: str | None = None) -> Program[bool]:
         """Subtract ``delta``; the same contract as ``incr``."""
         return metrics.timed(self.kind, self._add(check_delta(-check_delta(delta)), key))
 
@@ -120,13 +138,15 @@ class ShardedCore(CounterCore):
     def _moved(self) -> None:
         self._shards = self.info.shards
 
-    def _applied(self, delta: int) -> Program[None]:
+    @rule
+    def applied(self, delta: int) -> Program[None]:
         """Note that a statement of the caller's own has added ``delta`` to this counter's
         shard rows (the Django app's counting updates write them in the statement that
         finds the objects): its cached value is moved as an increment's would be."""
         yield from call(Adjuster.add, self._value_key, check_delta(delta))
 
-    def _grow(self, shards: int) -> Program[int]:
+    @rule
+    def grow(self, shards: int) -> Program[int]:
         """Raise the shard count to ``shards`` (never lowers it); return the new count.
 
         The value is unchanged: it is the sum of the rows, and new rows start empty.
@@ -139,7 +159,8 @@ class ShardedCore(CounterCore):
 
     # -- reads -------------------------------------------------------------------------
 
-    def _value(self, *, fresh: bool = False) -> Program[int]:
+    @rule
+    def value(self, *, fresh: bool = False) -> Program[int]:
         """The counter's value: cached (stale by at most ``cache_ttl``) unless ``fresh``."""
         options = self._options
         if not fresh:
@@ -160,7 +181,7 @@ class ShardedCore(CounterCore):
         return total
 
 
-class ShardedCounter(ShardedCore):
+class ShardedCounter(ShardedCore, Blocking):
     """An exact counter spread over ``shards`` rows of the store.
 
     Guarantees:
@@ -203,16 +224,11 @@ class ShardedCounter(ShardedCore):
             if settings.store.combinable
             else lambda write: self._write_now([write])[0]
         )
-        self.roles = {**settings.roles, "Writes": writes}
+        roles = settings.roles
+        self.roles = ShardedRoles(roles.store, roles.cache, roles.adjuster, writes)
 
     def _write_now(self, writes: Sequence[Write]) -> list[bool | ShardkitError]:
         return run(self._write(writes), self.roles)
-
-    incr = blocking(ShardedCore._incr)
-    decr = blocking(ShardedCore._decr)
-    grow = blocking(ShardedCore._grow)
-    value = blocking(ShardedCore._value)
-    applied = blocking(ShardedCore._applied)
 
     @property
     def shards(self) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from shardkit._program import role
 from shardkit.cache.base import Cache
 
 Task = Callable[[Mapping[str, Any]], object]
@@ -37,6 +38,7 @@ class Marks:
         self.cache.delete(self._key(name))
 
 
+@role("executor")
 @runtime_checkable
 class Executor(Protocol):
     """Runs a kit's tasks in the background. Thread-safe."""

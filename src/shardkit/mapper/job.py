@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy.engine import Connection, Row
 
-from shardkit._program import Program, blocking, call
+from shardkit._program import Blocking, Program, call, role, rule
 from shardkit.errors import ConfigurationError, JobFailed, JobNotFound, JobTimeout
 from shardkit.mapper.ledger import (
     CANCELLED,
@@ -22,7 +21,7 @@ from shardkit.mapper.ledger import (
     job_state,
     job_statuses,
 )
-from shardkit.store.sql import SqlCore
+from shardkit.store.sql import SqlCore, SqlRoles
 from shardkit.validation import check_count
 
 if TYPE_CHECKING:
@@ -73,6 +72,7 @@ class Completion:
     conn: Connection
 
 
+@role("finishes")
 class Finishes(Protocol):
     """The role that tells a waiter of jobs this process finished: the sync kit's
     mapper (its local executor runs jobs; a waiter wakes when one ends), or, in the
@@ -87,11 +87,17 @@ class Finishes(Protocol):
         ...
 
 
-class JobCore:
-    """A job handle's reads, for its sync and async forms: programs on the roles ``Sql``
-    (the store) and ``Finishes``."""
+@dataclass(frozen=True, slots=True)
+class JobRoles(SqlRoles):
+    """What a job handle's programs run on."""
 
-    roles: Mapping[str, Any]
+    finishes: Finishes
+
+
+class JobCore:
+    """A job handle's reads, for its sync and async forms: programs on ``JobRoles``."""
+
+    roles: JobRoles
 
     def __init__(self, store: SqlCore, job_id: str) -> None:
         self._store = store
@@ -100,19 +106,22 @@ class JobCore:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id}>"
 
-    def _status(self) -> Program[JobStatus]:
+    @rule
+    def status(self) -> Program[JobStatus]:
         """The job's progress, from the ledger."""
         found = yield from job_statuses(self._store, self.id)
         if not found:
             raise JobNotFound(f"no job {self.id!r} in {self._store.url}")
         return found[0]
 
-    def _ranges(self, limit: int = 1000) -> Program[list[RangeInfo]]:
+    @rule
+    def ranges(self, limit: int = 1000) -> Program[list[RangeInfo]]:
         """The job's ranges, root first then level by level (at most ``limit``, 1 …
         1,000,000): its tree of splits, each range with its state and progress."""
         return (yield from job_ranges(self._store, self.id, check_count(limit)))
 
-    def _wait(self, timeout: float | None = None, *, poll: float = 0.1) -> Program[JobStatus]:
+    @rule
+    def wait(self, timeout: float | None = None, *, poll: float = 0.1) -> Program[JobStatus]:
         """Wait until the job is complete and return its status. Raises ``JobFailed`` if
         it failed or was cancelled, ``JobTimeout`` after ``timeout`` seconds. Reads only
         the job's state: every ``poll`` seconds, and at once when this handle's kit
@@ -125,12 +134,12 @@ class JobCore:
             if state is None:
                 raise JobNotFound(f"no job {self.id!r} in {self._store.url}")
             if state in (FAILED, CANCELLED):
-                status = yield from self._status()
+                status = yield from JobCore.status.program(self)
                 raise JobFailed(f"job {self.id} {status.state}: {status.error or 'no error'}")
             if state in FINISHED:
-                return (yield from self._status())
+                return (yield from JobCore.status.program(self))
             if deadline is not None and time.monotonic() >= deadline:
-                status = yield from self._status()
+                status = yield from JobCore.status.program(self)
                 raise JobTimeout(
                     f"job {self.id} still running after {timeout} s "
                     f"({status.rows} rows, {status.pending} ranges pending)"
@@ -139,18 +148,14 @@ class JobCore:
             seen = yield from call(Finishes.await_finish, seen, max(left, 0.0))
 
 
-class Job(JobCore):
+class Job(JobCore, Blocking):
     """A handle to a mapping job; any process with a kit on the same store can open one
     (``kit.job(id)``)."""
 
     def __init__(self, mapper: Mapper, job_id: str) -> None:
         super().__init__(mapper.store, job_id)
         self._mapper = mapper
-        self.roles = {**mapper.store.roles, "Finishes": mapper}
-
-    status = blocking(JobCore._status)
-    ranges = blocking(JobCore._ranges)
-    wait = blocking(JobCore._wait)
+        self.roles = JobRoles(mapper.store, mapper)
 
     def cancel(self) -> bool:
         """Stop the job: pending ranges are no longer picked up, and a running range's

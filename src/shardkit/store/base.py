@@ -7,6 +7,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from shardkit._program import role
+
 
 @dataclass(frozen=True)
 class CounterInfo:
@@ -47,6 +49,7 @@ class Flushed:
         return self.up - self.down
 
 
+@role("store")
 @runtime_checkable
 class Store(Protocol):
     """Durable storage of counters.

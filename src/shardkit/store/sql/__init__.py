@@ -13,7 +13,7 @@ statements, the rules as programs), ``store`` (``SqlStore``, blocking), ``engine
 
 from __future__ import annotations
 
-from .core import Sql, SqlCore
+from .core import Sql, SqlCore, SqlRoles
 from .engines import (
     engine_from_url,
     gate_forks,
@@ -26,6 +26,7 @@ from .store import SqlStore
 __all__ = [
     "Sql",
     "SqlCore",
+    "SqlRoles",
     "SqlStore",
     "engine_from_url",
     "gate_forks",

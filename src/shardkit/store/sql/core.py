@@ -8,6 +8,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import sqlalchemy as sa
@@ -15,7 +16,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from shardkit import _urls
-from shardkit._program import Program, call
+from shardkit._program import Program, Roles, call, role, rule
 from shardkit.errors import (
     BackendError,
     BackendUnavailable,
@@ -37,6 +38,7 @@ _DEADLOCK_RETRIES = 5
 IDS = "ids"  # the kind of id allocators, whose marks outlive them
 
 
+@role("sql")
 class Sql(Protocol):
     """The role of a SQL store's driver in the store's programs: how a statement is run,
     blocking (``SqlStore``) or on an event loop (``shardkit.aio``'s store)."""
@@ -56,11 +58,19 @@ class Sql(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class SqlRoles(Roles):
+    """What a SQL store's programs run on."""
+
+    sql: Sql
+
+
 class SqlCore(Tables):
     """What the sync and async SQL stores share: the tables (``Tables``), the statements
-    and the rules (``Store``'s methods, as programs run on the role ``Sql``)."""
+    and the rules (``Store``'s methods, as programs run on ``SqlRoles``)."""
 
     combinable = True  # its writes run on connections of its own
+    roles: SqlRoles
 
     def __init__(self, dialect: sa.Dialect, url: sa.URL, *, prefix: str) -> None:
         self.url = url.render_as_string(hide_password=True)
@@ -79,7 +89,6 @@ class SqlCore(Tables):
             counters.c.name, counters.c.kind, counters.c.shards, counters.c.incarnation
         )
         self._identity: str | None = None
-        self.roles: Mapping[str, Any] = {"Sql": self}
 
     # -- errors ------------------------------------------------------------------------
 
@@ -121,7 +130,8 @@ class SqlCore(Tables):
 
     # -- schema ------------------------------------------------------------------------
 
-    def _create_schema(self) -> Program[None]:
+    @rule
+    def create_schema(self) -> Program[None]:
         """Create the tables if missing. Concurrent callers may race: a loser's "already
         exists" error is absorbed by another, checking, attempt. Each failed attempt
         means a racer created a table meanwhile, so one attempt per table (and one more)
@@ -147,7 +157,8 @@ class SqlCore(Tables):
         self.check_current(conn)
         self.add_missing_columns(conn)
 
-    def _identity_of_store(self) -> Program[str]:
+    @rule
+    def identity(self) -> Program[str]:
         """See ``Store.identity``."""
         if self._identity is None:
             table = self.identity_table
@@ -167,7 +178,8 @@ class SqlCore(Tables):
 
     # -- counters ----------------------------------------------------------------------
 
-    def _open_counter(
+    @rule
+    def open_counter(
         self, name: str, kind: str, shards: int, *, grow: bool = True
     ) -> Program[CounterInfo]:
         """See ``Store.open_counter``."""
@@ -197,7 +209,8 @@ class SqlCore(Tables):
         row = {**made, "incarnation": new_incarnation()}
         return self.dialect.insert_ignore(conn, self.counters_table, row)
 
-    def _delete(self, name: str, *, reset: bool = False) -> Program[Deleted | None]:
+    @rule
+    def delete(self, name: str, *, reset: bool = False) -> Program[Deleted | None]:
         """See ``Store.delete``."""
         counters, flushed = self.counters_table, self.flushed_table
         this = counters.c.name == name
@@ -232,13 +245,15 @@ class SqlCore(Tables):
         verb = "resetting" if reset else "deleting"
         return (yield from call(Sql.transaction, f"{verb} counter {name!r}", work))
 
-    def _counter(self, name: str) -> Program[CounterInfo | None]:
+    @rule
+    def counter(self, name: str) -> Program[CounterInfo | None]:
         """See ``Store.counter``."""
         statement = self._info.where(self.counters_table.c.name == name)
         rows = yield from call(Sql.read, f"reading counter {name!r}", statement)
         return _info(rows[0]) if rows else None
 
-    def _counters(self) -> Program[list[CounterInfo]]:
+    @rule
+    def counters(self) -> Program[list[CounterInfo]]:
         """See ``Store.counters``."""
         statement = self._info.order_by(self.counters_table.c.name)
         rows = yield from call(Sql.read, "listing counters", statement)
@@ -246,12 +261,14 @@ class SqlCore(Tables):
 
     # -- writes ------------------------------------------------------------------------
 
-    def _add(self, name: str, shard: int, delta: int, key: str | None = None) -> Program[bool]:
+    @rule
+    def add(self, name: str, shard: int, delta: int, key: str | None = None) -> Program[bool]:
         """See ``Store.add``."""
-        applied = yield from self._add_many(name, shard, [(delta, key)])
+        applied = yield from SqlCore.add_many.program(self, name, shard, [(delta, key)])
         return applied[0]
 
-    def _add_many(
+    @rule
+    def add_many(
         self, name: str, shard: int, writes: Sequence[tuple[int, str | None]]
     ) -> Program[list[bool]]:
         """See ``Store.add_many``."""
@@ -299,11 +316,13 @@ class SqlCore(Tables):
 
     # -- reads -------------------------------------------------------------------------
 
-    def _total(self, name: str) -> Program[int]:
+    @rule
+    def total(self, name: str) -> Program[int]:
         """See ``Store.total``."""
-        return (yield from self._totals([name]))[name]
+        return (yield from SqlCore.totals.program(self, [name]))[name]
 
-    def _totals(self, names: Iterable[str]) -> Program[dict[str, int]]:
+    @rule
+    def totals(self, names: Iterable[str]) -> Program[dict[str, int]]:
         """See ``Store.totals``."""
         wanted = list(dict.fromkeys(names))
         result = dict.fromkeys(wanted, 0)
@@ -337,7 +356,8 @@ class SqlCore(Tables):
 
     # -- buffered counters' generations ------------------------------------------------
 
-    def _add_generation(self, name: str, generation: int) -> Program[None]:
+    @rule
+    def add_generation(self, name: str, generation: int) -> Program[None]:
         """See ``Store.add_generation``."""
         row = {"name": name, "generation": generation, "up": 0, "down": 0}
         yield from call(
@@ -348,7 +368,8 @@ class SqlCore(Tables):
             ),
         )
 
-    def _generations(self, names: Iterable[str]) -> Program[dict[str, dict[int, Flushed]]]:
+    @rule
+    def generations(self, names: Iterable[str]) -> Program[dict[str, dict[int, Flushed]]]:
         """See ``Store.generations``."""
         wanted = list(dict.fromkeys(names))
         if not wanted:
@@ -368,7 +389,8 @@ class SqlCore(Tables):
             )
         return result
 
-    def _recorded_at(self, name: str, generations: Iterable[int]) -> Program[dict[int, float]]:
+    @rule
+    def recorded_at(self, name: str, generations: Iterable[int]) -> Program[dict[int, float]]:
         """See ``Store.recorded_at``."""
         table = self.flushed_table
         statement = sa.select(table.c.generation, table.c.created_at).where(
@@ -377,7 +399,8 @@ class SqlCore(Tables):
         rows = yield from call(Sql.read, f"reading the generations of counter {name!r}", statement)
         return {int(row.generation): float(row.created_at) for row in rows}
 
-    def _advance(self, name: str, generation: int, seen: Flushed, to: Flushed) -> Program[bool]:
+    @rule
+    def advance(self, name: str, generation: int, seen: Flushed, to: Flushed) -> Program[bool]:
         """See ``Store.advance``."""
         table = self.flushed_table
         statement = (
@@ -396,7 +419,8 @@ class SqlCore(Tables):
 
         return (yield from call(Sql.transaction, f"flushing counter {name!r}", work))
 
-    def _retire(self, name: str, generation: int, applied: Flushed) -> Program[bool]:
+    @rule
+    def retire(self, name: str, generation: int, applied: Flushed) -> Program[bool]:
         """See ``Store.retire``."""
         table = self.flushed_table
         statement = sa.delete(table).where(
@@ -425,7 +449,8 @@ class SqlCore(Tables):
 
     # -- monotonic counters' maxima ----------------------------------------------------
 
-    def _raise_max_of(self, counter: CounterInfo, shard: int, value: int) -> Program[None]:
+    @rule
+    def raise_max(self, counter: CounterInfo, shard: int, value: int) -> Program[None]:
         """See ``Store.raise_max``."""
         params = {"p_name": counter.name, "p_incarnation": counter.incarnation}
         params.update(p_shard=shard, p_value=value)
@@ -435,7 +460,8 @@ class SqlCore(Tables):
             lambda conn: conn.execute(self._raise_max, params),
         )
 
-    def _maxima(self, names: Iterable[str]) -> Program[dict[str, int]]:
+    @rule
+    def maxima(self, names: Iterable[str]) -> Program[dict[str, int]]:
         """See ``Store.maxima``."""
         wanted = list(dict.fromkeys(names))
         result = dict.fromkeys(wanted, 0)
@@ -461,7 +487,8 @@ class SqlCore(Tables):
 
     # -- id allocators -----------------------------------------------------------------
 
-    def _reserve(self, name: str, count: int) -> Program[int]:
+    @rule
+    def reserve(self, name: str, count: int) -> Program[int]:
         """See ``Store.reserve``."""
         table = self.marks_table
         params = {"p_name": name, "p_mark": count}
@@ -482,7 +509,8 @@ class SqlCore(Tables):
 
     # -- maintenance -------------------------------------------------------------------
 
-    def _purge_keys(self, older_than: float) -> Program[int]:
+    @rule
+    def purge_keys(self, older_than: float) -> Program[int]:
         """See ``Store.purge_keys``."""
         table = self.keys_table
         statement = sa.delete(table).where(table.c.created_at < older_than)

@@ -117,6 +117,15 @@ class Tables:
         )
         self.metadata = metadata
 
+    def schema_in(self, conn: Connection) -> bool:
+        """Whether every table is in the database ``conn`` reaches (one query), and
+        current (``check_current``)."""
+        present = set(sa.inspect(conn).get_table_names())
+        if not all(table.name in present for table in self.metadata.sorted_tables):
+            return False
+        self.check_current(conn)
+        return True
+
     def check_current(self, conn: Connection) -> None:
         """``ConfigurationError`` if the counters table was made by a development version
         of shardkit (0.1.0 before its release) whose counters had no incarnations: its

@@ -7,7 +7,7 @@ import contextlib
 import itertools
 import queue
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
 import sqlalchemy as sa
@@ -16,9 +16,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import QueuePool
 
 from shardkit._fork import reset_in_child
-from shardkit._program import blocking, run
+from shardkit._program import Blocking
 
-from .core import SqlCore
+from .core import SqlCore, SqlRoles
 from .dialect import Compiled
 from .engines import gate_forks, watch_for_poolers
 
@@ -29,7 +29,7 @@ _T = TypeVar("_T")
 _INHERITED: list[object] = []
 
 
-class SqlStore(SqlCore):
+class SqlStore(SqlCore, Blocking):
     """A durable store on any SQL database SQLAlchemy reaches through one of our drivers
     (its tables: see ``SqlCore``).
 
@@ -42,6 +42,7 @@ class SqlStore(SqlCore):
     def __init__(self, engine: Engine, *, prefix: str = "shardkit_", owns_engine: bool = False):
         super().__init__(engine.dialect, engine.url, prefix=prefix)
         self.engine = engine
+        self.roles = SqlRoles(self)
         self._owns_engine = owns_engine
         self._fast_add = Compiled(self._upsert_add, engine.dialect)
         pool = engine.pool
@@ -56,50 +57,14 @@ class SqlStore(SqlCore):
         self._held = queue.SimpleQueue()
         self.engine.dispose(close=False)
 
-    create_schema = blocking(SqlCore._create_schema)
-
     def has_schema(self) -> bool:
         """See ``Store.has_schema`` (``ConfigurationError`` for tables of a development
         version: ``check_current``)."""
         try:
             with self.engine.connect() as conn:
-                present = set(sa.inspect(conn).get_table_names())  # one query
-                if not all(table.name in present for table in self.metadata.sorted_tables):
-                    return False
-                self.check_current(conn)
-                return True
+                return self.schema_in(conn)
         except SQLAlchemyError as exc:
             raise self._error(exc, "looking for the schema") from exc
-
-    identity = blocking(SqlCore._identity_of_store)
-    open_counter = blocking(SqlCore._open_counter)
-    delete = blocking(SqlCore._delete)
-    counter = blocking(SqlCore._counter)
-    counters = blocking(SqlCore._counters)
-    add = blocking(SqlCore._add)
-    total = blocking(SqlCore._total)
-    totals = blocking(SqlCore._totals)
-    add_generation = blocking(SqlCore._add_generation)
-    generations = blocking(SqlCore._generations)
-    recorded_at = blocking(SqlCore._recorded_at)
-    advance = blocking(SqlCore._advance)
-    retire = blocking(SqlCore._retire)
-    raise_max = blocking(SqlCore._raise_max_of)
-    maxima = blocking(SqlCore._maxima)
-    reserve = blocking(SqlCore._reserve)
-    purge_keys = blocking(SqlCore._purge_keys)
-
-    def add_many(
-        self, name: str, shard: int, writes: Sequence[tuple[int, str | None]]
-    ) -> list[bool]:
-        """See ``Store.add_many``: ``SqlCore._add_many``, its hot path (no key) taken
-        without a runner (a write's client CPU is what many writers on few cores run
-        out of)."""
-        unkeyed = self._unkeyed(name, shard, writes)
-        if unkeyed is None:
-            return run(self._add_many(name, shard, writes), self.roles)
-        self.fast_add(unkeyed)
-        return [True] * len(writes)
 
     # -- the role Sql ------------------------------------------------------------------
 
