@@ -30,7 +30,7 @@ from shardkit.errors import (
     StoreNotFound,
 )
 from shardkit.executor import Executor, LocalExecutor, Marks
-from shardkit.kitcore import DEFAULT_CACHE, DEFAULT_INTERVAL, DEFAULT_STORE, KitCore
+from shardkit.kitcore import DEFAULT_CACHE, DEFAULT_STORE, KitCore
 from shardkit.mapper import TASK
 from shardkit.store import CounterInfo, Store, open_store
 from shardkit.store.sql import SqlStore
@@ -45,10 +45,8 @@ from shardkit.validation import (
 if TYPE_CHECKING:
     from shardkit.mapper import Batch, Completion, Job, JobStatus, Mapper
 
-Counter = ShardedCounter | BufferedCounter | MonotonicCounter | IdAllocator
 
-
-class Kit(KitCore[Counter], Blocking):
+class Kit(KitCore[ShardedCounter, BufferedCounter, MonotonicCounter, IdAllocator], Blocking):
     """A store, a cache and an executor, and the counters that live in them.
 
     Thread-safe. A kit opened before ``os.fork()`` keeps working in the children: no
@@ -131,114 +129,19 @@ class Kit(KitCore[Counter], Blocking):
         self.store.close()
         self.cache.close()
 
-    def sharded(self, name: str, shards: int | None = None) -> ShardedCounter:
-        """The sharded counter ``name``, created on first use with ``shards`` shards
-        (default 20). An existing counter is grown to ``shards`` when that is larger and
-        otherwise kept as it is, so every process may open it with its own default."""
-        opening = self._open_sharded(
-            name, shards, ShardedCounter, lambda info: ShardedCounter(info, self._settings)
-        )
-        return run(opening, self.roles)
+    def _new_sharded(self, info: CounterInfo) -> ShardedCounter:
+        return ShardedCounter(info, self._settings)
 
-    def buffered(
-        self, name: str, interval: float = DEFAULT_INTERVAL, stripes: int | None = None
-    ) -> BufferedCounter:
-        """The buffered (write-behind) counter ``name``, created on first use, whose
-        increments this kit flushes to the store every ``interval`` seconds (a setting
-        of this process, not of the counter: processes may flush at their own pace).
+    def _new_buffered(self, info: CounterInfo, interval: float, stripes: int) -> BufferedCounter:
+        return BufferedCounter(info, self._settings, self.executor, interval, stripes)
 
-        ``stripes`` (1 … 256) spreads its increments over that many cache keys, each
-        written at random; on Redis Cluster they are placed on the primaries in turn,
-        and the default is one per primary (elsewhere, 1). Also this process's setting:
-        a flush reads every stripe any process wrote."""
-        opening = self._open_buffered(
-            name,
-            interval,
-            stripes,
-            BufferedCounter,
-            lambda info, every, count: BufferedCounter(
-                info, self._settings, self.executor, every, count
-            ),
-        )
-        return run(opening, self.roles)
-
-    def monotonic(
-        self,
-        name: str,
-        shards: int | None = None,
-        chance_to_write: float = 0.1,
-        *,
-        random: Callable[[], float] | None = None,
+    def _new_monotonic(
+        self, info: CounterInfo, chance_to_write: float, random: Callable[[], float]
     ) -> MonotonicCounter:
-        """The cache-held monotonic counter ``name``, created on first use with ``shards``
-        shards (default 20; grown like a sharded counter's). ``chance_to_write`` is the
-        probability that an increment persists its value; ``random`` (default
-        ``random.random``) may be injected for tests. Not for ids: see ``ids``."""
-        opening = self._open_monotonic(
-            name,
-            shards,
-            chance_to_write,
-            random,
-            MonotonicCounter,
-            lambda info, chance, draw: MonotonicCounter(info, self._settings, chance, draw),
-        )
-        return run(opening, self.roles)
+        return MonotonicCounter(info, self._settings, chance_to_write, random)
 
-    def ids(self, name: str, block: int = 1000) -> IdAllocator:
-        """The id allocator ``name``: unique ids, reserved from the store ``block`` at a
-        time (a setting of this process; processes may use their own)."""
-        opening = self._open_ids(
-            name, block, IdAllocator, lambda info, size: IdAllocator(info, self._settings, size)
-        )
-        return run(opening, self.roles)
-
-    def get(self, name: str) -> Counter:
-        """The existing counter ``name``, of whatever kind it is; raises
-        ``CounterNotFound`` if there is none."""
-        found = run(self._found(name), self.roles)
-        if not isinstance(found, str):
-            return found
-        if found == BufferedCounter.kind:
-            return self.buffered(name)
-        if found == MonotonicCounter.kind:
-            return self.monotonic(name)
-        if found == IdAllocator.kind:
-            return self.ids(name)
-        return self.sharded(name)
-
-    def delete(self, name: str) -> CounterInfo:
-        """Delete counter ``name`` (``CounterNotFound`` if there is none) and return what
-        it was. What a delete guarantees: see ``reset``."""
-        return run(self._delete(name), self.roles)
-
-    def reset(self, name: str) -> CounterInfo:
-        """Reset counter ``name`` (``CounterNotFound`` if there is none) to a new, empty
-        incarnation of the same kind and shards, in one transaction of the store, and
-        return what it was. An id allocator is never reset (``ValidationError``, nothing
-        changed): delete it, and the next allocator of the name starts above every id
-        it reserved.
-
-        What a delete or a reset removes is gone in every process: the counter's shard
-        rows, idempotency keys, flushed generations and maxima, in one transaction;
-        then its cache keys, with a buffered counter's pending increments. A counter
-        created again under the name is a new incarnation, and nothing of the old one
-        shows in it, but for a sharded counter's cached value, for ``cache_ttl`` seconds
-        at most (as any cached read may be that stale).
-
-        A counter object stands for its name. One of the old incarnation, held in this
-        process or another, looks at the store and moves to the incarnation the name
-        holds then, created anew (empty) if it holds none and the call writes, as
-        opening would (a read raises ``CounterNotFound``): in this
-        process at its next call; elsewhere at once for a buffered or monotonic counter
-        that shares this kit's cache (its keys are gone), at its next block for an id
-        allocator, and otherwise within ``cache_ttl`` seconds (10 s for a sharded
-        counter). Until then, a sharded counter's writes count in the counter the name
-        holds next (they are made after the delete); a buffered or monotonic counter's,
-        with a cache of its process's own, in keys nothing reads again, and a monotonic
-        one goes on from its old value; an id allocator hands out the rest of its block
-        (no id is ever handed out twice).
-        """
-        return run(self._reset(name), self.roles)
+    def _new_ids(self, info: CounterInfo, block: int) -> IdAllocator:
+        return IdAllocator(info, self._settings, block)
 
     def map(
         self,

@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar, cast
 
 from shardkit import metrics
 from shardkit._program import Program, call, rule
 from shardkit.cache import Cache
 from shardkit.counters.adjuster import Adjuster
-from shardkit.counters.base import CounterRoles, Options, best_effort, log
+from shardkit.counters.base import CounterCore, CounterRoles, Options, best_effort, log
 from shardkit.counters.buffered import BufferedCore, Parts, flush_counters, read_parts
 from shardkit.counters.buffered import forget as forget_buffered
 from shardkit.counters.ids import IdCore
@@ -44,26 +45,19 @@ DEFAULT_INTERVAL = 5.0
 _OPEN_COUNTERS = 4096
 
 
-class _Named(Protocol):
-    name: str
-    kind: str
-
-    def _expire(self) -> None: ...
-
-
 _CACHING_VALUES = metrics.action("caching values")
 _FORGETTING = metrics.action("removing a deleted counter's cache keys")
-_K = TypeVar("_K", bound=_Named)  # the counters a kit keeps open
-_C = TypeVar("_C", bound=_Named)
-_S = TypeVar("_S", bound=ShardedCore)
+_S = TypeVar("_S", bound=ShardedCore)  # a form's counters of each kind
 _B = TypeVar("_B", bound=BufferedCore)
 _M = TypeVar("_M", bound=MonotonicCore)
 _I = TypeVar("_I", bound=IdCore)
+_C = TypeVar("_C", bound=CounterCore)
 
 
-class KitCore(Generic[_K]):
+class KitCore(ABC, Generic[_S, _B, _M, _I]):
     """What the sync and async kits share: the counters opened lately, and the rules of
-    opening and reading counters (programs on ``CounterRoles``)."""
+    opening, reading and ending counters (programs on ``CounterRoles``). A form makes
+    its own counters of each kind (``_new_sharded`` …)."""
 
     roles: CounterRoles
 
@@ -72,81 +66,93 @@ class KitCore(Generic[_K]):
         self._lock = threading.Lock()
         # The counters opened lately, so that opening one again costs no round trip;
         # bounded, since applications open a counter per entity (poll, video, …).
-        self._counters: OrderedDict[str, _K] = OrderedDict()
+        self._counters: OrderedDict[str, _S | _B | _M | _I] = OrderedDict()
 
-    def _opened(self, name: str, kind: type[_C]) -> _C | None:
-        with self._lock:
-            counter = self._counters.get(name)
-            if counter is not None:
-                self._counters.move_to_end(name)
-        if counter is None or isinstance(counter, kind):
-            return counter
-        raise CounterKindMismatch(
-            f"{name!r} is a {counter.kind} counter, not a {kind.kind} counter"
-        )
-
-    def _keep(self, counter: _C) -> _C:
-        with self._lock:
-            self._counters[counter.name] = counter  # type: ignore[assignment]  # a _K
-            self._counters.move_to_end(counter.name)
-            if len(self._counters) > _OPEN_COUNTERS:
-                self._counters.popitem(last=False)
-        return counter
+    @abstractmethod
+    def _new_sharded(self, info: CounterInfo) -> _S: ...
+    @abstractmethod
+    def _new_buffered(self, info: CounterInfo, interval: float, stripes: int) -> _B: ...
+    @abstractmethod
+    def _new_monotonic(
+        self, info: CounterInfo, chance_to_write: float, random: Callable[[], float]
+    ) -> _M: ...
+    @abstractmethod
+    def _new_ids(self, info: CounterInfo, block: int) -> _I: ...
 
     def _open(
         self,
         name: str,
-        kind: type[_C],
+        core: type[CounterCore],
         usable: Callable[[_C], bool],
         new: Callable[[CounterInfo], _C],
         shards: int | None = None,
         *,
         sharded: bool = False,
     ) -> Program[_C]:
-        """The counter ``name`` of class ``kind``: the one opened lately if it is
+        """The counter ``name`` of kind ``core``: the one opened lately if it is
         ``usable``, else one made by ``new`` from the store's configuration, which is
         created on first use — with ``shards`` shards (default 20) for a ``sharded``
-        kind, grown to them when they are more; one row otherwise."""
-        counter = self._opened(name, kind)
-        if counter is not None and usable(counter):
-            return counter
+        kind, grown to them when they are more; one row otherwise.
+        ``CounterKindMismatch`` if the one opened lately is of another kind."""
+        with self._lock:
+            held = self._counters.get(name)
+            if held is not None:
+                self._counters.move_to_end(name)
+        if held is not None and not isinstance(held, core):
+            raise CounterKindMismatch(
+                f"{name!r} is a {held.kind} counter, not a {core.kind} counter"
+            )
+        kept = cast("_C | None", held)  # of kind ``core``: one the form made, by ``new``
+        if kept is not None and usable(kept):
+            return kept
         size, grow = (shards or DEFAULT_SHARDS, shards is not None) if sharded else (1, False)
-        info = yield from call(Store.open_counter, name, kind.kind, size, grow=grow)
-        return self._keep(new(info))
+        info = yield from call(Store.open_counter, name, core.kind, size, grow=grow)
+        counter = new(info)
+        with self._lock:
+            self._counters[name] = counter  # type: ignore[assignment]  # one of the form's
+            self._counters.move_to_end(name)
+            if len(self._counters) > _OPEN_COUNTERS:
+                self._counters.popitem(last=False)
+        return counter
 
-    def _open_sharded(
-        self, name: str, shards: int | None, kind: type[_S], new: Callable[[CounterInfo], _S]
-    ) -> Program[_S]:
-        """The sharded counter ``name`` (of class ``kind``, made by ``new``), created on
-        first use with ``shards`` shards (default 20). An existing counter is grown to
-        ``shards`` when that is larger and otherwise kept as it is, so every process may
-        open it with its own default."""
+    @rule
+    def sharded(self, name: str, shards: int | None = None) -> Program[_S]:
+        """The sharded counter ``name``, created on first use with ``shards`` shards
+        (default 20). An existing counter is grown to ``shards`` when that is larger and
+        otherwise kept as it is, so every process may open it with its own default."""
         check_name(name)
         if shards is not None:
             check_shards(shards, self._options.max_shards)
         return self._open(
-            name, kind, lambda c: shards is None or shards <= c._shards, new, shards, sharded=True
+            name,
+            ShardedCore,
+            lambda c: shards is None or shards <= c._shards,
+            self._new_sharded,
+            shards,
+            sharded=True,
         )
 
-    def _open_buffered(
-        self,
-        name: str,
-        interval: float,
-        stripes: int | None,
-        kind: type[_B],
-        new: Callable[[CounterInfo, float, int], _B],
+    @rule
+    def buffered(
+        self, name: str, interval: float = DEFAULT_INTERVAL, stripes: int | None = None
     ) -> Program[_B]:
-        """The buffered counter ``name`` (of class ``kind``, made by ``new``), created on
-        first use, flushed every ``interval`` seconds by this kit, its increments spread
-        over ``stripes`` (None: the cache's default, ``Options.default_stripes``)."""
+        """The buffered (write-behind) counter ``name``, created on first use, whose
+        increments this kit flushes to the store every ``interval`` seconds (a setting
+        of this process, not of the counter: processes may flush at their own pace; an
+        async kit's flushes run on its event loop).
+
+        ``stripes`` (1 … 256) spreads its increments over that many cache keys, each
+        written at random; on Redis Cluster they are placed on the primaries in turn,
+        and the default is one per primary (elsewhere, 1). Also this process's setting:
+        a flush reads every stripe any process wrote."""
         check_name(name)
         every = check_interval(interval)
         count = self._options.default_stripes if stripes is None else check_stripes(stripes)
         return self._open(
             name,
-            kind,
+            BufferedCore,
             lambda c: (c.interval, c.stripes) == (every, count),
-            lambda info: new(info, every, count),
+            lambda info: self._new_buffered(info, every, count),
         )
 
     def _save_counters(self) -> Program[None]:
@@ -167,17 +173,19 @@ class KitCore(Generic[_K]):
             except ShardkitError as exc:
                 log.warning("could not save counter %r at close: %s", counter.name, exc)
 
-    def _open_monotonic(
+    @rule
+    def monotonic(
         self,
         name: str,
-        shards: int | None,
-        chance_to_write: float,
-        random: Callable[[], float] | None,
-        kind: type[_M],
-        new: Callable[[CounterInfo, float, Callable[[], float]], _M],
+        shards: int | None = None,
+        chance_to_write: float = 0.1,
+        *,
+        random: Callable[[], float] | None = None,
     ) -> Program[_M]:
-        """The monotonic counter ``name`` (of class ``kind``, made by ``new``): see
-        ``Kit.monotonic``."""
+        """The cache-held monotonic counter ``name``, created on first use with ``shards``
+        shards (default 20; grown like a sharded counter's). ``chance_to_write`` is the
+        probability that an increment persists its value; ``random`` (default
+        ``random.random``) may be injected for tests. Not for ids: see ``ids``."""
         check_name(name)
         if shards is not None:
             check_shards(shards, self._options.max_shards)
@@ -185,37 +193,86 @@ class KitCore(Generic[_K]):
         draw = random or self._options.random
         return self._open(
             name,
-            kind,
+            MonotonicCore,
             lambda c: (
                 (shards is None or shards <= c.shards)
                 and c.chance_to_write == chance
                 and random is None
             ),
-            lambda info: new(info, chance, draw),
+            lambda info: self._new_monotonic(info, chance, draw),
             shards,
             sharded=True,
         )
 
-    def _open_ids(
-        self, name: str, block: int, kind: type[_I], new: Callable[[CounterInfo, int], _I]
-    ) -> Program[_I]:
-        """The id allocator ``name`` (of class ``kind``, made by ``new``): see
-        ``Kit.ids``."""
+    @rule
+    def ids(self, name: str, block: int = 1000) -> Program[_I]:
+        """The id allocator ``name``: unique ids, reserved from the store ``block`` at a
+        time (a setting of this process; processes may use their own)."""
         check_name(name)
         size = check_block(block)
-        return self._open(name, kind, lambda c: c.block == size, lambda info: new(info, size))
+        return self._open(
+            name, IdCore, lambda c: c.block == size, lambda info: self._new_ids(info, size)
+        )
+
+    @rule
+    def get(self, name: str) -> Program[_S | _B | _M | _I]:
+        """The existing counter ``name``, of whatever kind it is; raises
+        ``CounterNotFound`` if there is none."""
+        check_name(name)
+        with self._lock:
+            held = self._counters.get(name)
+        if held is not None:
+            return held
+        info = yield from call(Store.counter, name)
+        if info is None:
+            raise CounterNotFound(f"no counter named {name!r} in {self.roles.store.url}")
+        if info.kind == BufferedCore.kind:
+            return (yield from KitCore.buffered.program(self, name))
+        if info.kind == MonotonicCore.kind:
+            return (yield from KitCore.monotonic.program(self, name))
+        if info.kind == IdCore.kind:
+            return (yield from KitCore.ids.program(self, name))
+        return (yield from KitCore.sharded.program(self, name))
 
     @rule
     def purge_keys(self) -> Program[int]:
         """Delete idempotency keys older than the kit's ``key_retention``; return how many."""
         return (yield from call(Store.purge_keys, time.time() - self._options.key_retention))
 
-    def _delete(self, name: str) -> Program[CounterInfo]:
-        """Delete counter ``name``: see ``Kit.delete``."""
+    @rule
+    def delete(self, name: str) -> Program[CounterInfo]:
+        """Delete counter ``name`` (``CounterNotFound`` if there is none) and return what
+        it was. What a delete guarantees: see ``reset``."""
         return self._end(name, reset=False)
 
-    def _reset(self, name: str) -> Program[CounterInfo]:
-        """Reset counter ``name`` to a new, empty incarnation: see ``Kit.reset``."""
+    @rule
+    def reset(self, name: str) -> Program[CounterInfo]:
+        """Reset counter ``name`` (``CounterNotFound`` if there is none) to a new, empty
+        incarnation of the same kind and shards, in one transaction of the store, and
+        return what it was. An id allocator is never reset (``ValidationError``, nothing
+        changed): delete it, and the next allocator of the name starts above every id
+        it reserved.
+
+        What a delete or a reset removes is gone in every process: the counter's shard
+        rows, idempotency keys, flushed generations and maxima, in one transaction;
+        then its cache keys, with a buffered counter's pending increments. A counter
+        created again under the name is a new incarnation, and nothing of the old one
+        shows in it, but for a sharded counter's cached value, for ``cache_ttl`` seconds
+        at most (as any cached read may be that stale).
+
+        A counter object stands for its name. One of the old incarnation, held in this
+        process or another, looks at the store and moves to the incarnation the name
+        holds then, created anew (empty) if it holds none and the call writes, as
+        opening would (a read raises ``CounterNotFound``): in this
+        process at its next call; elsewhere at once for a buffered or monotonic counter
+        that shares this kit's cache (its keys are gone), at its next block for an id
+        allocator, and otherwise within ``cache_ttl`` seconds (10 s for a sharded
+        counter). Until then, a sharded counter's writes count in the counter the name
+        holds next (they are made after the delete); a buffered or monotonic counter's,
+        with a cache of its process's own, in keys nothing reads again, and a monotonic
+        one goes on from its old value; an id allocator hands out the rest of its block
+        (no id is ever handed out twice).
+        """
         return self._end(name, reset=True)
 
     def _end(self, name: str, *, reset: bool) -> Program[CounterInfo]:
@@ -238,19 +295,6 @@ class KitCore(Generic[_K]):
         forgetting = _forget(self._options, deleted, stripes)
         yield from best_effort(self._options, _FORGETTING, forgetting)
         return deleted.info
-
-    def _found(self, name: str) -> Program[_K | str]:
-        """The counter ``name`` if it was opened lately, else its kind, read from the
-        store; ``CounterNotFound`` if there is none."""
-        check_name(name)
-        with self._lock:
-            counter = self._counters.get(name)
-        if counter is not None:
-            return counter
-        info = yield from call(Store.counter, name)
-        if info is None:
-            raise CounterNotFound(f"no counter named {name!r} in {self.roles.store.url}")
-        return info.kind
 
     @rule
     def counters(self) -> Program[list[CounterInfo]]:

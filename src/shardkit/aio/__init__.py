@@ -44,7 +44,7 @@ from shardkit.counters.ids import Guard, IdCore, IdRoles
 from shardkit.counters.monotonic import MonotonicCore
 from shardkit.counters.sharded import ShardedCore, ShardedRoles, Write
 from shardkit.errors import ConfigurationError, ShardkitError
-from shardkit.kitcore import DEFAULT_CACHE, DEFAULT_INTERVAL, DEFAULT_STORE, KitCore
+from shardkit.kitcore import DEFAULT_CACHE, DEFAULT_STORE, KitCore
 from shardkit.mapper.job import JobCore, JobRoles
 from shardkit.mapper.ledger import JobStatus, job_statuses
 from shardkit.store.base import CounterInfo
@@ -187,10 +187,10 @@ class AsyncJob(JobCore, Awaiting):
         self.roles = JobRoles(playing(store), playing(_Polling()))
 
 
-AsyncCounter = AsyncShardedCounter | AsyncBufferedCounter | AsyncMonotonicCounter | AsyncIdAllocator
-
-
-class AsyncKit(KitCore[AsyncCounter], Awaiting):
+class AsyncKit(
+    KitCore[AsyncShardedCounter, AsyncBufferedCounter, AsyncMonotonicCounter, AsyncIdAllocator],
+    Awaiting,
+):
     """An async store and cache, and the counters that live in them. Use it as an async
     context manager, or ``await kit.aclose()``."""
 
@@ -240,74 +240,21 @@ class AsyncKit(KitCore[AsyncCounter], Awaiting):
         if isinstance(closing, Awaitable):
             await closing
 
-    async def sharded(self, name: str, shards: int | None = None) -> AsyncShardedCounter:
-        """The sharded counter ``name``: see ``Kit.sharded``."""
-        opening = self._open_sharded(
-            name,
-            shards,
-            AsyncShardedCounter,
-            lambda info: AsyncShardedCounter(info, self._settings),
-        )
-        return await arun(opening, self.roles)
+    def _new_sharded(self, info: CounterInfo) -> AsyncShardedCounter:
+        return AsyncShardedCounter(info, self._settings)
 
-    async def buffered(
-        self, name: str, interval: float = DEFAULT_INTERVAL, stripes: int | None = None
+    def _new_buffered(
+        self, info: CounterInfo, interval: float, stripes: int
     ) -> AsyncBufferedCounter:
-        """The buffered counter ``name``: see ``Kit.buffered``. Its flushes run on this
-        kit's event loop."""
-        opening = self._open_buffered(
-            name,
-            interval,
-            stripes,
-            AsyncBufferedCounter,
-            lambda info, every, count: AsyncBufferedCounter(
-                info, self._settings, self.executor, every, count
-            ),
-        )
-        return await arun(opening, self.roles)
+        return AsyncBufferedCounter(info, self._settings, self.executor, interval, stripes)
 
-    async def monotonic(
-        self,
-        name: str,
-        shards: int | None = None,
-        chance_to_write: float = 0.1,
-        *,
-        random: Callable[[], float] | None = None,
+    def _new_monotonic(
+        self, info: CounterInfo, chance_to_write: float, random: Callable[[], float]
     ) -> AsyncMonotonicCounter:
-        """The monotonic counter ``name``: see ``Kit.monotonic``."""
-        opening = self._open_monotonic(
-            name,
-            shards,
-            chance_to_write,
-            random,
-            AsyncMonotonicCounter,
-            lambda info, chance, draw: AsyncMonotonicCounter(info, self._settings, chance, draw),
-        )
-        return await arun(opening, self.roles)
+        return AsyncMonotonicCounter(info, self._settings, chance_to_write, random)
 
-    async def ids(self, name: str, block: int = 1000) -> AsyncIdAllocator:
-        """The id allocator ``name``: see ``Kit.ids``."""
-        opening = self._open_ids(
-            name,
-            block,
-            AsyncIdAllocator,
-            lambda info, size: AsyncIdAllocator(info, self._settings, size),
-        )
-        return await arun(opening, self.roles)
-
-    async def get(self, name: str) -> AsyncCounter:
-        """The existing counter ``name``, of whatever kind it is; raises
-        ``CounterNotFound`` if there is none."""
-        found = await arun(self._found(name), self.roles)
-        if not isinstance(found, str):
-            return found
-        if found == BufferedCore.kind:
-            return await self.buffered(name)
-        if found == MonotonicCore.kind:
-            return await self.monotonic(name)
-        if found == IdCore.kind:
-            return await self.ids(name)
-        return await self.sharded(name)
+    def _new_ids(self, info: CounterInfo, block: int) -> AsyncIdAllocator:
+        return AsyncIdAllocator(info, self._settings, block)
 
     async def job(self, job_id: str) -> AsyncJob:
         """The handle of mapping job ``job_id``; raises ``JobNotFound`` if there is
@@ -319,14 +266,6 @@ class AsyncKit(KitCore[AsyncCounter], Awaiting):
     async def jobs(self) -> list[JobStatus]:
         """The status of every job in the store, newest first."""
         return await arun(job_statuses(self.store), self.store.roles)
-
-    async def delete(self, name: str) -> CounterInfo:
-        """Delete counter ``name``: see ``Kit.delete``."""
-        return await arun(self._delete(name), self.roles)
-
-    async def reset(self, name: str) -> CounterInfo:
-        """Reset counter ``name`` to a new, empty incarnation: see ``Kit.reset``."""
-        return await arun(self._reset(name), self.roles)
 
 
 class _Connecting:
