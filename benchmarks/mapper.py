@@ -572,8 +572,9 @@ def run_shardkit(keys: Keys, args: argparse.Namespace, prefix: str, *, traced: b
             if traced:
                 tracemalloc.stop()
         with store.engine.begin() as conn:  # the next run starts on empty ledger tables
-            conn.execute(store.ranges_table.delete().where(store.ranges_table.c.job == job.id))
-            conn.execute(store.jobs_table.delete().where(store.jobs_table.c.id == job.id))
+            ranges, jobs = kit.mapper.ledger.ranges, kit.mapper.ledger.jobs
+            conn.execute(ranges.delete().where(ranges.c.job == job.id))
+            conn.execute(jobs.delete().where(jobs.c.id == job.id))
     return Result(
         keys.kind,
         "shardkit (traced)" if traced else "shardkit",

@@ -307,8 +307,8 @@ def main(argv: list[str] | None = None) -> int:
                     str(len(_fork._OWNERS)),
                     str(len(local._OPEN)),
                     str(count_rows(store, store.flushed_table)),
-                    str(count_rows(store, store.jobs_table)),
-                    str(count_rows(store, store.ranges_table)),
+                    str(count_rows(store, kit.mapper.ledger.jobs)),
+                    str(count_rows(store, kit.mapper.ledger.ranges)),
                     str(cache.size()) if isinstance(cache, MemoryCache) else "-",
                 )
                 console.print(f"round {number}: {time.monotonic() - started:.0f} s")

@@ -29,6 +29,7 @@ from backends import (
     store_url_for,
 )
 from shardkit.cache import Cache, open_cache
+from shardkit.mapper.tables import ledger_tables
 from shardkit.store import Store, open_store
 
 
@@ -63,6 +64,7 @@ def _drop_session_tables() -> Iterator[None]:
     for url in _used_stores:
         store = open_store(url, prefix=PREFIX)
         store.metadata.drop_all(store.engine)  # type: ignore[attr-defined]
+        ledger_tables(PREFIX).metadata.drop_all(store.engine)  # type: ignore[attr-defined]
         store.close()
 
 

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     )
     from shardkit.kit import Kit, connect
     from shardkit.mapper import Batch, Completion, Job, JobStatus
+    from shardkit.options import KitOptions
     from shardkit.store import CounterInfo
 
 _WHERE = {  # each public name, and the module it is imported from when first used
@@ -69,6 +70,7 @@ _WHERE = {  # each public name, and the module it is imported from when first us
     "JobStatus": "shardkit.mapper",
     "JobTimeout": "shardkit.errors",
     "Kit": "shardkit.kit",
+    "KitOptions": "shardkit.options",
     "MissingDriver": "shardkit.errors",
     "MonotonicCounter": "shardkit.counters",
     "Parts": "shardkit.counters",
@@ -123,6 +125,7 @@ __all__ = [
     "JobStatus",
     "JobTimeout",
     "Kit",
+    "KitOptions",
     "MissingDriver",
     "MonotonicCounter",
     "Parts",

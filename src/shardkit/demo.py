@@ -31,6 +31,7 @@ from rich.table import Table
 from shardkit.kit import Kit, connect
 from shardkit.mapper import Batch
 from shardkit.mapper.progress import watch
+from shardkit.mapper.tables import ledger_tables
 from shardkit.store.sql import SqlStore, engine_from_url
 
 Op = Callable[[], object]
@@ -484,9 +485,10 @@ def _forget_job(kit: Kit, job: str) -> None:
     """Delete the demo's job from the ledger."""
     store = kit.store
     assert isinstance(store, SqlStore)
+    tables = ledger_tables(store.prefix)
     with store.engine.begin() as conn:
-        conn.execute(sa.delete(store.ranges_table).where(store.ranges_table.c.job == job))
-        conn.execute(sa.delete(store.jobs_table).where(store.jobs_table.c.id == job))
+        conn.execute(sa.delete(tables.ranges).where(tables.ranges.c.job == job))
+        conn.execute(sa.delete(tables.jobs).where(tables.jobs.c.id == job))
 
 
 __all__ = [

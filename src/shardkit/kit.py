@@ -32,17 +32,14 @@ from shardkit.errors import (
 from shardkit.executor import Executor, LocalExecutor, Marks
 from shardkit.kitcore import DEFAULT_CACHE, DEFAULT_STORE, KitCore
 from shardkit.mapper import TASK
+from shardkit.options import KitOptions, counter_options, kit_options
 from shardkit.store import CounterInfo, Store, open_store
 from shardkit.store.sql import SqlStore
-from shardkit.validation import (
-    ADJUST_DELAY,
-    check_age,
-    check_job_id,
-    check_kit_options,
-    check_mapping,
-)
+from shardkit.validation import check_age, check_job_id, check_mapping
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from shardkit.mapper import Batch, Completion, Job, JobStatus, Mapper
 
 
@@ -218,14 +215,10 @@ def connect(
     store: str | Engine | Store | None = None,
     cache: str | Cache | Any | None = None,
     *,
-    prefix: str = "shardkit_",
-    cache_ttl: float = 5.0,
-    max_shards: int = 1000,
-    key_retention: float = 86400.0,
-    adjust_delay: float = ADJUST_DELAY,
     executor: Executor | None = None,
     secret: str | bytes | None = None,
     create: bool = True,
+    **options: Unpack[KitOptions],
 ) -> Kit:
     """Open a kit.
 
@@ -239,16 +232,17 @@ def connect(
     the password. ``executor`` runs background work such as buffered counters' flushes:
     a ``LocalExecutor`` (threads of this process, the default) or a
     ``shardkit.contrib.celery.CeleryExecutor``. ``secret`` (default
-    ``$SHARDKIT_SECRET``) signs the pickled closures of mapping jobs. ``adjust_delay``
-    (seconds, ≤ 60) is how long sharded writes' adjustments of cached values gather in
-    a process before they are sent together: how stale ``value()`` may be in other
-    processes, traded against one cache call per write at 0.
+    ``$SHARDKIT_SECRET``) signs the pickled closures of mapping jobs. The ``options``
+    (``prefix``, ``cache_ttl``, ``max_shards``, ``key_retention``, ``adjust_delay``) are
+    ``KitOptions``; a bad or unknown one raises ``ConfigurationError`` before anything is
+    opened.
 
     A store given by URL keeps a connection open for each worker of a local executor,
     and one for the calling thread (at least 5); an ``Engine`` handed in keeps its own
     pool, which should be as large (a smaller one is logged as a warning).
     """
-    check_kit_options(prefix, cache_ttl, max_shards, key_retention, adjust_delay)
+    settled = kit_options(options)
+    prefix = settled["prefix"]
     store = store or os.environ.get("SHARDKIT_STORE") or DEFAULT_STORE
     executor = executor or LocalExecutor()
     pool_size = max(5, executor.workers + 1) if isinstance(executor, LocalExecutor) else None
@@ -273,17 +267,7 @@ def connect(
         the_store.close()
         the_cache.close()
         raise
-    return build(
-        the_store,
-        the_cache,
-        prefix=prefix,
-        cache_ttl=cache_ttl,
-        max_shards=max_shards,
-        key_retention=key_retention,
-        adjust_delay=adjust_delay,
-        executor=executor,
-        secret=secret,
-    )
+    return build(the_store, the_cache, executor=executor, secret=secret, **settled)
 
 
 def _check_pool(engine: Engine, wanted: int) -> None:
@@ -305,25 +289,14 @@ def build(
     store: Store,
     cache: Cache,
     *,
-    prefix: str = "shardkit_",
-    cache_ttl: float = 5.0,
-    max_shards: int = 1000,
-    key_retention: float = 86400.0,
-    adjust_delay: float = ADJUST_DELAY,
     executor: Executor | None = None,
     secret: str | bytes | None = None,
+    **options: Unpack[KitOptions],
 ) -> Kit:
     """A kit on a store and a cache that are open already, with ``connect``'s options.
     Reaches neither: no schema is created and no server is pinged (integrations that
     manage their own schema, such as the Django app, build their kit with this)."""
-    check_kit_options(prefix, cache_ttl, max_shards, key_retention, adjust_delay)
+    settled = counter_options(kit_options(options))
     metrics.start()
-    settings = CounterSettings(
-        store=store,
-        cache=cache,
-        cache_ttl=cache_ttl,
-        max_shards=max_shards,
-        key_retention=key_retention,
-        adjust_delay=float(adjust_delay),
-    )
+    settings = CounterSettings(store=store, cache=cache, **settled)
     return Kit(settings, executor or LocalExecutor(), secret or os.environ.get("SHARDKIT_SECRET"))

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 import shardkit
 from backends import CACHE_URLS, PREFIX, require, store_url_for, wait_for
 from shardkit.cli import main
+from shardkit.mapper.tables import ledger_tables
 from shardkit.store.base import Flushed
 
 
@@ -432,7 +433,7 @@ def test_jobs_purge_deletes_finished_jobs_and_keeps_failed_ones(  # type: ignore
     assert int(out.split()[1]) >= 1
     assert run("jobs", "status", done.id)[0] == 1  # gone, its ranges too
     with shardkit.connect(sqlite_url, prefix=PREFIX) as kit:
-        ranges = kit.store.ranges_table  # type: ignore[attr-defined]
+        ranges = ledger_tables(PREFIX).ranges
         with kit.store.engine.connect() as conn:  # type: ignore[attr-defined]
             left = conn.execute(sa.select(sa.func.count()).where(ranges.c.job == done.id))
             assert left.scalar_one() == 0

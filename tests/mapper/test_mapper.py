@@ -40,6 +40,7 @@ from shardkit.mapper.ledger import Child
 from shardkit.mapper.planning import _targets
 from shardkit.mapper.source import Statistics, StatisticsSource
 from shardkit.mapper.spec import reference
+from shardkit.mapper.tables import ledger_tables
 from shardkit.store.sql import SqlStore
 
 WAIT = 60.0  # seconds: a deadline, never a pause
@@ -229,7 +230,7 @@ def marks_of(kit: shardkit.Kit, marks: sa.Table) -> list[tuple[str, int]]:
 
 
 def range_ids(kit: shardkit.Kit, job: str) -> list[str]:
-    ranges = sql_store(kit).ranges_table
+    ranges = ledger_tables(sql_store(kit).prefix).ranges
     with sql_store(kit).engine.connect() as conn:
         return list(conn.execute(sa.select(ranges.c.id).where(ranges.c.job == job)).scalars())
 
@@ -237,9 +238,10 @@ def range_ids(kit: shardkit.Kit, job: str) -> list[str]:
 def ledger_rows(kit: shardkit.Kit) -> tuple[int, int]:
     """How many jobs and ranges the ledger holds."""
     store = sql_store(kit)
+    tables = ledger_tables(store.prefix)
     with store.engine.connect() as conn:
-        jobs = conn.execute(sa.select(sa.func.count()).select_from(store.jobs_table))
-        ranges = conn.execute(sa.select(sa.func.count()).select_from(store.ranges_table))
+        jobs = conn.execute(sa.select(sa.func.count()).select_from(tables.jobs))
+        ranges = conn.execute(sa.select(sa.func.count()).select_from(tables.ranges))
         return int(jobs.scalar_one()), int(ranges.scalar_one())
 
 
@@ -494,7 +496,7 @@ def test_a_range_planned_at_a_leaf_goes_on_in_place(
 
     assert values(kit, table) == plus(initial, 10)
     assert status.rows == rows
-    r = sql_store(kit).ranges_table
+    r = ledger_tables(sql_store(kit).prefix).ranges
     with sql_store(kit).engine.connect() as conn:
         ranges = {
             row.id: row
@@ -548,7 +550,7 @@ def test_a_range_within_its_plan_splits_for_an_idle_worker(store_url: str) -> No
 
             assert sorted(seen) == sorted(initial)
             assert status.rows == rows
-            r = sql_store(kit).ranges_table
+            r = ledger_tables(sql_store(kit).prefix).ranges
             with sql_store(kit).engine.connect() as conn:
                 ranges = list(conn.execute(sa.select(r).where(r.c.job == job.id)))
             root = KeyRange().id(job.id)
@@ -870,7 +872,7 @@ def test_a_finishing_range_holds_another_pending_range_until_it_commits(
     kit: shardkit.Kit,
 ) -> None:
     store, ledger = sql_store(kit), kit.mapper.ledger
-    ranges, job = store.ranges_table, f"held-{uuid4().hex[:8]}"
+    ranges, job = ledger.ranges, f"held-{uuid4().hex[:8]}"
     assert ledger.create(job, "{}")
     root = KeyRange().id(job)
     with store.engine.begin() as conn:
@@ -1040,7 +1042,7 @@ def test_standalone_statements_commit_as_they_run_where_that_is_free(kit: shardk
 
 def job_row(kit: shardkit.Kit, job: str, range_id: str) -> tuple[str, int, int]:
     """A range's checkpoint, rows and pages in the ledger."""
-    r = sql_store(kit).ranges_table
+    r = ledger_tables(sql_store(kit).prefix).ranges
     with sql_store(kit).engine.connect() as conn:
         row = conn.execute(
             sa.select(r.c.after, r.c.rows, r.c.pages).where(r.c.job == job, r.c.id == range_id)
@@ -1256,6 +1258,7 @@ def test_a_ledger_made_before_planned_rows_and_tries_gains_the_columns(
     earlier = SqlStore(engine, prefix=prefix)
     try:
         earlier.create_schema()
+        ledger_tables(prefix).create(earlier)
         with engine.begin() as conn:  # as the tables were made before `planned` and `tries`
             conn.exec_driver_sql(f"ALTER TABLE {prefix}ranges DROP COLUMN planned")
             conn.exec_driver_sql(f"ALTER TABLE {prefix}ranges DROP COLUMN tries")
@@ -1265,6 +1268,7 @@ def test_a_ledger_made_before_planned_rows_and_tries_gains_the_columns(
             assert job.wait(WAIT).rows == 300
         assert values(kit, table) == plus(initial, 10)
     finally:
+        ledger_tables(prefix).metadata.drop_all(engine)
         earlier.metadata.drop_all(engine)
         engine.dispose()
 

@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 import shardkit
+import shardkit.aio
 from backends import PREFIX
+from shardkit.cache import open_cache
 from shardkit.errors import (
     BackendUnavailable,
     ConfigurationError,
@@ -20,6 +22,8 @@ from shardkit.errors import (
     ShardkitError,
     ValidationError,
 )
+from shardkit.kit import build
+from shardkit.store import open_store
 
 BAD_NAMES = ["", "x" * 201, "a\x00b", "line\nbreak", "tab\t", "del\x7f", "\ud800", 42, None, b"n"]
 BAD_DELTAS = [True, False, 1.0, 0.5, "1", None, 2**63, -(2**63) - 1, 10**30]
@@ -137,6 +141,22 @@ def test_unknown_or_unusable_urls_are_configuration_errors(
 def test_bad_table_prefixes_are_refused(sqlite_url: str, prefix: str) -> None:
     with pytest.raises(ConfigurationError):
         shardkit.connect(sqlite_url, prefix=prefix)
+
+
+def test_an_unknown_option_is_refused_by_every_way_of_opening_a_kit(sqlite_url: str) -> None:
+    """The options are defined once (``KitOptions``): a misspelt one is named, and nothing
+    is opened, by ``connect``, ``build`` and ``shardkit.aio.connect`` alike."""
+    message = "unknown option 'cache_tll'; the options are prefix, cache_ttl, max_shards"
+    with pytest.raises(ConfigurationError, match=message):
+        shardkit.connect(sqlite_url, cache_tll=5)  # type: ignore[call-arg]
+    with pytest.raises(ConfigurationError, match=message):
+        shardkit.aio.connect(sqlite_url, cache_tll=5)  # type: ignore[call-arg]
+    store, cache = open_store(sqlite_url, prefix=PREFIX), open_cache("memory://")
+    try:
+        with pytest.raises(ConfigurationError, match=message):
+            build(store, cache, cache_tll=5)  # type: ignore[call-arg]
+    finally:
+        store.close()
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ import types
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardkit import _urls, metrics
 from shardkit._combine import AsyncCombiner
@@ -47,8 +47,13 @@ from shardkit.errors import ConfigurationError, ShardkitError
 from shardkit.kitcore import DEFAULT_CACHE, DEFAULT_STORE, KitCore
 from shardkit.mapper.job import JobCore, JobRoles
 from shardkit.mapper.ledger import JobStatus, job_statuses
+from shardkit.mapper.tables import LedgerTables, ledger_tables
+from shardkit.options import KitOptions, counter_options, kit_options
 from shardkit.store.base import CounterInfo
-from shardkit.validation import ADJUST_DELAY, check_job_id, check_kit_options
+from shardkit.validation import check_job_id
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -182,9 +187,9 @@ class AsyncJob(JobCore, Awaiting):
     """A mapping job's handle in an async kit: its status and its end, read without
     blocking the event loop (start, cancel and resume jobs with the sync kit)."""
 
-    def __init__(self, store: AsyncSqlStore, job_id: str) -> None:
-        super().__init__(store, job_id)
-        self.roles = JobRoles(playing(store), playing(_Polling()))
+    def __init__(self, store: AsyncSqlStore, tables: LedgerTables, job_id: str) -> None:
+        super().__init__(store.url, tables, job_id)
+        self.roles = JobRoles(store.roles.sql, playing(_Polling()))
 
 
 class AsyncKit(
@@ -197,6 +202,7 @@ class AsyncKit(
     def __init__(self, settings: AsyncSettings) -> None:
         super().__init__(settings)
         self._settings = settings
+        self._has_ledger = False
         self.roles = settings.roles
         self.executor = LoopExecutor(settings.cache, lambda n: settings.cache_key(n, "task"))
         self.executor.bind(
@@ -259,13 +265,21 @@ class AsyncKit(
     async def job(self, job_id: str) -> AsyncJob:
         """The handle of mapping job ``job_id``; raises ``JobNotFound`` if there is
         none."""
-        job = AsyncJob(self.store, check_job_id(job_id))
+        job = AsyncJob(self.store, await self._ledger(), check_job_id(job_id))
         await job.status()
         return job
 
     async def jobs(self) -> list[JobStatus]:
         """The status of every job in the store, newest first."""
-        return await arun(job_statuses(self.store), self.store.roles)
+        return await arun(job_statuses(await self._ledger()), self.store.roles)
+
+    async def _ledger(self) -> LedgerTables:
+        """The mapper's tables, created in the store if missing (looked for once)."""
+        tables = ledger_tables(self.store.prefix)
+        if not self._has_ledger:
+            await self.store.create_tables(tables.metadata, tables.add_missing_columns)
+            self._has_ledger = True
+        return tables
 
 
 class _Connecting:
@@ -290,34 +304,24 @@ class _Connecting:
 def connect(
     store: str | None = None,
     cache: str | Any | None = None,
-    *,
-    prefix: str = "shardkit_",
-    cache_ttl: float = 5.0,
-    max_shards: int = 1000,
-    key_retention: float = 86400.0,
-    adjust_delay: float = ADJUST_DELAY,
+    **options: Unpack[KitOptions],
 ) -> _Connecting:
     """Open an async kit: ``shardkit.connect``'s store and cache URLs and options (a
     store URL, default ``$SHARDKIT_STORE`` or ``sqlite:///shardkit.db``; a cache URL —
     ``memory://`` or ``redis://…`` — or a live ``redis.asyncio.Redis``, default
-    ``$SHARDKIT_CACHE`` or ``memory://``). Tables are created if missing; both backends
-    are reached before the kit is returned. ``await`` it, or ``async with`` it (closed on
-    leaving)."""
-    check_kit_options(prefix, cache_ttl, max_shards, key_retention, adjust_delay)
+    ``$SHARDKIT_CACHE`` or ``memory://``), and ``KitOptions``. Tables are created if
+    missing; both backends are reached before the kit is returned. ``await`` it, or
+    ``async with`` it (closed on leaving)."""
+    settled = kit_options(options)
     metrics.start()
-    options = {
-        "cache_ttl": cache_ttl,
-        "max_shards": max_shards,
-        "key_retention": key_retention,
-        "adjust_delay": float(adjust_delay),
-    }
     store_url = store or os.environ.get("SHARDKIT_STORE") or DEFAULT_STORE
     cache_target = cache or os.environ.get("SHARDKIT_CACHE") or DEFAULT_CACHE
-    return _Connecting(lambda: _open(store_url, cache_target, prefix, options))
+    return _Connecting(lambda: _open(store_url, cache_target, settled))
 
 
-async def _open(store_url: str, cache: Any, prefix: str, options: dict[str, Any]) -> AsyncKit:
-    the_store = AsyncSqlStore(async_engine_from_url(store_url), prefix=prefix, owns_engine=True)
+async def _open(store_url: str, cache: Any, options: KitOptions) -> AsyncKit:
+    engine = async_engine_from_url(store_url)
+    the_store = AsyncSqlStore(engine, prefix=options["prefix"], owns_engine=True)
     the_cache: Any = None
     try:
         await the_store.create_schema()
@@ -331,7 +335,9 @@ async def _open(store_url: str, cache: Any, prefix: str, options: dict[str, Any]
         if the_cache is not None and not isinstance(the_cache, MemoryCache):
             await the_cache.close()
         raise
-    settings = AsyncSettings(store=the_store, cache=the_cache, identity=identity, **options)
+    settings = AsyncSettings(
+        store=the_store, cache=the_cache, identity=identity, **counter_options(options)
+    )
     return AsyncKit(settings)
 
 

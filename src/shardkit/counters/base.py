@@ -17,8 +17,8 @@ from shardkit._program import Call, Program, Roles, call
 from shardkit.cache.base import Cache, Placed
 from shardkit.counters.adjuster import Adjuster
 from shardkit.errors import BackendError, CounterKindMismatch, CounterNotFound
+from shardkit.options import DEFAULTS
 from shardkit.store.base import CounterInfo, Store
-from shardkit.validation import ADJUST_DELAY
 
 log = logging.getLogger("shardkit")
 
@@ -26,19 +26,15 @@ log = logging.getLogger("shardkit")
 @dataclass(frozen=True, kw_only=True)
 class Options:
     """A kit's settings, as its counters' rules read them (the same for the sync and the
-    async kit)."""
+    async kit): its options (``KitOptions``, but the prefix), and more."""
 
-    cache_ttl: float = 5.0
-    """Seconds a cached value may live: the bound on a cached read's staleness."""
-    max_shards: int = 1000
-    key_retention: float = 86400.0
-    """Seconds an idempotency key is kept at least."""
+    cache_ttl: float = DEFAULTS["cache_ttl"]
+    max_shards: int = DEFAULTS["max_shards"]
+    key_retention: float = DEFAULTS["key_retention"]
+    adjust_delay: float = DEFAULTS["adjust_delay"]
     fold_after: float = 600.0
     """Seconds after it was recorded before a buffered counter's dead generation (one
     whose cache keys are gone) is folded into its ``RETIRED`` generation by a flush."""
-    adjust_delay: float = ADJUST_DELAY
-    """Seconds a sharded write's adjustment of its cached value may wait, to be sent
-    with others (see ``Adjuster``)."""
     random: Callable[[], float] = field(default=random.random)
     failures: FailureLog = field(default_factory=FailureLog, compare=False, repr=False)
     """Where the kit's counters log failures that do not fail their call, rate-limited."""

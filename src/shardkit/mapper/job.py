@@ -21,7 +21,8 @@ from shardkit.mapper.ledger import (
     job_state,
     job_statuses,
 )
-from shardkit.store.sql import SqlCore, SqlRoles
+from shardkit.mapper.tables import LedgerTables
+from shardkit.store.sql import SqlRoles
 from shardkit.validation import check_count
 
 if TYPE_CHECKING:
@@ -99,8 +100,9 @@ class JobCore:
 
     roles: JobRoles
 
-    def __init__(self, store: SqlCore, job_id: str) -> None:
-        self._store = store
+    def __init__(self, url: str, tables: LedgerTables, job_id: str) -> None:
+        self._url = url  # the store's, for messages
+        self._tables = tables
         self.id = job_id
 
     def __repr__(self) -> str:
@@ -109,16 +111,16 @@ class JobCore:
     @rule
     def status(self) -> Program[JobStatus]:
         """The job's progress, from the ledger."""
-        found = yield from job_statuses(self._store, self.id)
+        found = yield from job_statuses(self._tables, self.id)
         if not found:
-            raise JobNotFound(f"no job {self.id!r} in {self._store.url}")
+            raise JobNotFound(f"no job {self.id!r} in {self._url}")
         return found[0]
 
     @rule
     def ranges(self, limit: int = 1000) -> Program[list[RangeInfo]]:
         """The job's ranges, root first then level by level (at most ``limit``, 1 …
         1,000,000): its tree of splits, each range with its state and progress."""
-        return (yield from job_ranges(self._store, self.id, check_count(limit)))
+        return (yield from job_ranges(self._tables, self.id, check_count(limit)))
 
     @rule
     def wait(self, timeout: float | None = None, *, poll: float = 0.1) -> Program[JobStatus]:
@@ -130,9 +132,9 @@ class JobCore:
         deadline = None if timeout is None else time.monotonic() + timeout
         seen = yield from call(Finishes.finished)
         while True:
-            state = yield from job_state(self._store, self.id)
+            state = yield from job_state(self._tables, self.id)
             if state is None:
-                raise JobNotFound(f"no job {self.id!r} in {self._store.url}")
+                raise JobNotFound(f"no job {self.id!r} in {self._url}")
             if state in (FAILED, CANCELLED):
                 status = yield from JobCore.status.program(self)
                 raise JobFailed(f"job {self.id} {status.state}: {status.error or 'no error'}")
@@ -153,9 +155,9 @@ class Job(JobCore, Blocking):
     (``kit.job(id)``)."""
 
     def __init__(self, mapper: Mapper, job_id: str) -> None:
-        super().__init__(mapper.store, job_id)
+        super().__init__(mapper.store.url, mapper.ledger.tables, job_id)
         self._mapper = mapper
-        self.roles = JobRoles(mapper.store, mapper)
+        self.roles = JobRoles(mapper.store.roles.sql, mapper)
 
     def cancel(self) -> bool:
         """Stop the job: pending ranges are no longer picked up, and a running range's

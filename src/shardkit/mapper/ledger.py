@@ -21,7 +21,8 @@ from sqlalchemy.engine import Compiled, Connection
 
 from shardkit._program import Program, call, run
 from shardkit.mapper.keys import Key, KeyRange, dump_key, load_key
-from shardkit.store.sql import Sql, SqlCore, SqlStore
+from shardkit.mapper.tables import LedgerStore, LedgerTables, ledger_tables
+from shardkit.store.sql import Sql
 
 PENDING, DONE = "pending", "done"
 STAY, SPLIT, LAST = "stay", "split", "last"  # how a page leaves its range (checkpoint)
@@ -97,12 +98,15 @@ class RangeInfo:
 
 
 class RangeLedger:
-    """The ledger's statements, on a SQL store's tables. Thread-safe."""
+    """The ledger's statements, on its tables in a SQL store, created there if missing.
+    Thread-safe."""
 
-    def __init__(self, store: SqlStore) -> None:
+    def __init__(self, store: LedgerStore) -> None:
         self.store = store
-        self.jobs = store.jobs_table
-        self.ranges = store.ranges_table
+        self.tables = ledger_tables(store.prefix)
+        self.tables.create(store)
+        self.jobs = self.tables.jobs
+        self.ranges = self.tables.ranges
         # The statements of every page, built once: bound by the names p_job, p_range, …
         r, j = self.ranges, self.jobs
         self._this = sa.and_(r.c.job == sa.bindparam("p_job"), r.c.id == sa.bindparam("p_range"))
@@ -207,7 +211,7 @@ class RangeLedger:
 
     def state(self, job: str) -> str | None:
         """The job's state (None if there is no such job): one row read by its key."""
-        return run(job_state(self.store, job), self.store.roles)
+        return run(job_state(self.tables, job), self.store.roles)
 
     def states(self, jobs: Sequence[str]) -> dict[str, str]:
         """The state of each of ``jobs`` that exists: one read."""
@@ -282,7 +286,7 @@ class RangeLedger:
 
     def statuses(self, job: str | None = None) -> list[JobStatus]:
         """The status of ``job``, or of every job (newest first)."""
-        return run(job_statuses(self.store, job), self.store.roles)
+        return run(job_statuses(self.tables, job), self.store.roles)
 
     # -- ranges --------------------------------------------------------------------------
 
@@ -468,17 +472,17 @@ def _range_row(range_id: str, row: Any) -> RangeRow:
 __all__ = ["Child", "JobStatus", "RangeInfo", "RangeLedger", "RangeRow"]
 
 
-def job_state(store: SqlCore, job: str) -> Program[str | None]:
+def job_state(tables: LedgerTables, job: str) -> Program[str | None]:
     """The state of ``job`` (None if there is no such job): one row read by its key,
     outside any transaction."""
-    statement = sa.select(store.jobs_table.c.state).where(store.jobs_table.c.id == job)
+    statement = sa.select(tables.jobs.c.state).where(tables.jobs.c.id == job)
     rows = yield from call(Sql.read, f"reading job {job!r}", statement, autocommit=True)
     return str(rows[0].state) if rows else None
 
 
-def job_statuses(store: SqlCore, job: str | None = None) -> Program[list[JobStatus]]:
+def job_statuses(tables: LedgerTables, job: str | None = None) -> Program[list[JobStatus]]:
     """The status of ``job``, or of every job (newest first): one query."""
-    jobs, ranges = store.jobs_table, store.ranges_table
+    jobs, ranges = tables.jobs, tables.ranges
     per_job = (
         sa.select(
             ranges.c.job,
@@ -520,10 +524,10 @@ def job_statuses(store: SqlCore, job: str | None = None) -> Program[list[JobStat
     ]
 
 
-def job_ranges(store: SqlCore, job: str, limit: int) -> Program[list[RangeInfo]]:
+def job_ranges(tables: LedgerTables, job: str, limit: int) -> Program[list[RangeInfo]]:
     """The first ``limit`` ranges of ``job`` by depth (its tree from the root down), in
     one query."""
-    ranges = store.ranges_table
+    ranges = tables.ranges
     statement = (
         sa.select(ranges)
         .where(ranges.c.job == job)

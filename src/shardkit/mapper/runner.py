@@ -51,7 +51,7 @@ from shardkit.mapper.ledger import (
 from shardkit.mapper.planning import Children, Planner
 from shardkit.mapper.source import Statistics, StatisticsSource
 from shardkit.mapper.spec import MapSpec, Signer
-from shardkit.store.sql import SqlStore
+from shardkit.mapper.tables import LedgerStore
 
 log = logging.getLogger("shardkit")
 
@@ -117,7 +117,7 @@ class Mapper:
     starting it again under its id).
     """
 
-    def __init__(self, store: SqlStore, executor: Executor, signer: Signer | None) -> None:
+    def __init__(self, store: LedgerStore, executor: Executor, signer: Signer | None) -> None:
         self.store = store
         self.ledger = RangeLedger(store)
         self.executor = executor

@@ -15,6 +15,7 @@ import pytest
 
 from backends import CI
 from shardkit.contrib.django import kit
+from shardkit.contrib.django.schema import shardkit_tables
 from shardkit.contrib.django.store import DjangoStore
 
 
@@ -44,5 +45,5 @@ def database(request: pytest.FixtureRequest, settings: Any) -> Iterator[str]:
     store = kit().store
     assert isinstance(store, DjangoStore)
     with store.engine.begin() as conn:  # shardkit's rows: Django's flush leaves them
-        for table in store.metadata.sorted_tables:
+        for table in shardkit_tables(store):
             conn.execute(table.delete())

@@ -36,7 +36,7 @@ from shardkit.errors import ConfigurationError, ShardkitError
 from shardkit.executor import Executor, LocalExecutor, Marks, Task
 from shardkit.kit import Kit, build
 from shardkit.mapper.spec import resolve
-from shardkit.validation import ADJUST_DELAY
+from shardkit.options import DEFAULTS
 
 from .store import DjangoStore
 
@@ -44,12 +44,8 @@ _DEFAULTS: dict[str, Any] = {
     "STORE": "default",
     "CACHE": "memory://",
     "EXECUTOR": None,
-    "PREFIX": "shardkit_",
     "SECRET": None,
-    "CACHE_TTL": 5.0,
-    "MAX_SHARDS": 1000,
-    "KEY_RETENTION": 86400.0,
-    "ADJUST_DELAY": ADJUST_DELAY,
+    **{name.upper(): value for name, value in DEFAULTS.items()},  # the kit's options
     "DASHBOARD_TOKEN": None,
     "METRICS_COUNTERS": [],
 }
@@ -152,13 +148,9 @@ def _build() -> Kit:
         return build(
             DjangoStore(option["STORE"], prefix=option["PREFIX"]),
             open_cache(_cache(option["CACHE"])),
-            prefix=option["PREFIX"],
-            cache_ttl=option["CACHE_TTL"],
-            max_shards=option["MAX_SHARDS"],
-            key_retention=option["KEY_RETENTION"],
-            adjust_delay=option["ADJUST_DELAY"],
             executor=_executor(option["EXECUTOR"]) or DjangoLocalExecutor(),
             secret=option["SECRET"],
+            **{name: option[name.upper()] for name in DEFAULTS},
         )
     except ShardkitError as exc:
         raise ImproperlyConfigured(f"settings.SHARDKIT: {exc}") from exc

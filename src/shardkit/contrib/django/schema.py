@@ -16,9 +16,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import sqlalchemy as sa
 from django.core import checks
 from django.db import DatabaseError, connections, router
 from django.db.migrations.recorder import MigrationRecorder
+
+from shardkit.mapper.tables import ledger_tables
 
 from .conf import database, migration_store, options, store_on
 from .store import DjangoStore
@@ -26,10 +29,22 @@ from .store import DjangoStore
 _INITIAL = ("shardkit", "0001_initial")
 
 
+def shardkit_tables(store: DjangoStore) -> list[sa.Table]:
+    """The store's tables and the mapper's ledger beside them."""
+    ledger = ledger_tables(store.prefix)
+    return [*store.metadata.sorted_tables, *ledger.metadata.sorted_tables]
+
+
+def create_tables(store: DjangoStore) -> None:
+    """Create the store's tables and the ledger's where missing."""
+    store.create_schema()
+    ledger_tables(store.prefix).create(store)
+
+
 def missing_tables(store: DjangoStore) -> list[str]:
-    """The names of the store's tables that its database lacks (one query)."""
+    """The names of shardkit's tables that the store's database lacks (one query)."""
     present = set(connections[store.alias].introspection.table_names())
-    return [table.name for table in store.metadata.sorted_tables if table.name not in present]
+    return [table.name for table in shardkit_tables(store) if table.name not in present]
 
 
 def _migrated(alias: str) -> bool:
@@ -48,7 +63,7 @@ def create_missing_tables(*, using: str, verbosity: int = 1, **kwargs: Any) -> N
     missing = missing_tables(store)
     if not missing or not _migrated(using):
         return
-    store.create_schema()
+    create_tables(store)
     if verbosity >= 1:
         stdout = kwargs.get("stdout") or sys.stdout
         stdout.write(
@@ -59,9 +74,10 @@ def create_missing_tables(*, using: str, verbosity: int = 1, **kwargs: Any) -> N
 
 def add_missing_columns(apps: Any, schema_editor: Any) -> None:
     """A migration's ``RunPython``: add to the ledger made by an earlier version the
-    columns it lacks (``SqlCore.add_missing_columns``)."""
+    columns it lacks (``LedgerTables.add_missing_columns``)."""
     store = migration_store(schema_editor)
-    store.transaction("adding missing columns", store.add_missing_columns)
+    ledger = ledger_tables(store.prefix)
+    store.transaction("adding missing columns", ledger.add_missing_columns)
 
 
 def check_tables(
@@ -92,4 +108,10 @@ def check_tables(
     ]
 
 
-__all__ = ["check_tables", "create_missing_tables", "missing_tables"]
+__all__ = [
+    "check_tables",
+    "create_missing_tables",
+    "create_tables",
+    "missing_tables",
+    "shardkit_tables",
+]

@@ -14,6 +14,7 @@ statements, the rules as programs), ``store`` (``SqlStore``, blocking), ``engine
 from __future__ import annotations
 
 from .core import Sql, SqlCore, SqlRoles
+from .dialect import Dialect
 from .engines import (
     engine_from_url,
     gate_forks,
@@ -24,6 +25,7 @@ from .engines import (
 from .store import SqlStore
 
 __all__ = [
+    "Dialect",
     "Sql",
     "SqlCore",
     "SqlRoles",

@@ -132,30 +132,40 @@ class SqlCore(Tables):
 
     @rule
     def create_schema(self) -> Program[None]:
-        """Create the tables if missing. Concurrent callers may race: a loser's "already
-        exists" error is absorbed by another, checking, attempt. Each failed attempt
-        means a racer created a table meanwhile, so one attempt per table (and one more)
-        is enough however the racers interleave."""
+        """See ``Store.create_schema``: the tables where missing (``create_tables``),
+        ``ConfigurationError`` for tables of a development version (``check_current``)."""
         if self.dialect.name == "sqlite" and self._database:
             yield from call(
                 Sql.transaction,
                 "creating the schema",
                 lambda conn: conn.exec_driver_sql("PRAGMA journal_mode=WAL"),
             )
-        attempts = len(self.metadata.tables) + 1
+        yield from SqlCore.create_tables.program(self, self.metadata, self.check_current)
+
+    @rule
+    def create_tables(
+        self, metadata: sa.MetaData, upgrade: Callable[[Connection], None]
+    ) -> Program[None]:
+        """Create ``metadata``'s tables where missing, then run ``upgrade`` (checks or
+        additions that tables of an earlier version need), in one transaction.
+        Concurrent callers may race: a loser's "already exists" error is absorbed by
+        another, checking, attempt. Each failed attempt means a racer created a table
+        meanwhile, so one attempt per table (and one more) is enough however the racers
+        interleave."""
+
+        def work(conn: Connection) -> None:
+            metadata.create_all(conn, checkfirst=True)
+            upgrade(conn)
+
+        attempts = len(metadata.tables) + 1
         racing = (sa.exc.ProgrammingError, sa.exc.IntegrityError, sa.exc.OperationalError)
         for attempt in range(attempts):
             try:
-                yield from call(Sql.transaction, "creating the schema", self._create_tables)
+                yield from call(Sql.transaction, "creating the schema", work)
                 return
             except BackendError as exc:
                 if attempt == attempts - 1 or not isinstance(exc.__cause__, racing):
                     raise
-
-    def _create_tables(self, conn: Connection) -> None:
-        self.metadata.create_all(conn, checkfirst=True)
-        self.check_current(conn)
-        self.add_missing_columns(conn)
 
     @rule
     def identity(self) -> Program[str]:

@@ -1,5 +1,5 @@
-"""The SQL store's tables (``Tables``): their definitions for a prefix, and the checks
-and additions that tables made by an earlier version need."""
+"""The SQL store's tables (``Tables``): their definitions for a prefix, and the check
+that tables made by an earlier version need."""
 
 from __future__ import annotations
 
@@ -18,12 +18,13 @@ class Tables:
     each cache generation of a buffered counter has flushed), ``{prefix}maxima`` (the
     highest values persisted by a monotonic counter's incarnation); ``{prefix}marks``
     (each id allocator's high-water mark, kept when it is deleted), ``{prefix}identity``
-    (the store's identity, one row), and the mapper's ledger, ``{prefix}jobs`` and
-    ``{prefix}ranges``."""
+    (the store's identity, one row). (The mapper keeps its ledger beside them, with the
+    same prefix: ``shardkit.mapper.tables``.)"""
 
     url: str
 
     def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
         metadata = sa.MetaData()
         self.counters_table = sa.Table(
             f"{prefix}counters",
@@ -81,40 +82,6 @@ class Tables:
             sa.Column("one", sa.Integer, primary_key=True, autoincrement=False),  # always 1
             sa.Column("identity", sa.String(32), nullable=False),
         )
-        # The mapper's ledger (shardkit.mapper.ledger): its jobs and their key ranges.
-        self.jobs_table = sa.Table(
-            f"{prefix}jobs",
-            metadata,
-            sa.Column("id", sa.String(64), primary_key=True),
-            sa.Column("state", sa.String(12), nullable=False),
-            sa.Column("spec", sa.Text, nullable=False),
-            sa.Column("estimate", sa.BigInteger),
-            sa.Column("error", sa.Text),
-            sa.Column("created_at", sa.Double, nullable=False),
-            sa.Column("finished_at", sa.Double),
-        )
-        self.ranges_table = sa.Table(
-            f"{prefix}ranges",
-            metadata,
-            sa.Column("job", sa.String(64), primary_key=True),
-            sa.Column("id", sa.String(32), primary_key=True),
-            sa.Column("parent", sa.String(32)),
-            sa.Column("lo", sa.Text),
-            sa.Column("hi", sa.Text),
-            sa.Column("after", sa.Text),
-            sa.Column("state", sa.String(8), nullable=False),
-            sa.Column("depth", sa.Integer, nullable=False),
-            sa.Column("rows", sa.BigInteger, nullable=False),
-            sa.Column("planned", sa.BigInteger),  # rows its parent planned in it
-            sa.Column("pages", sa.Integer, nullable=False),
-            sa.Column("failures", sa.Integer, nullable=False),
-            sa.Column("tries", sa.Integer),  # failed attempts since its last page
-            sa.Column("error", sa.Text),
-            sa.Column("created_at", sa.Double, nullable=False),
-            sa.Column("done_at", sa.Double),
-            sa.Index(f"{prefix}ranges_state", "job", "state"),
-            sa.Index(f"{prefix}ranges_parent", "job", "parent"),
-        )
         self.metadata = metadata
 
     def schema_in(self, conn: Connection) -> bool:
@@ -138,18 +105,6 @@ class Tables:
                 "shardkit (before 0.1.0) and cannot be used: drop the prefix's tables, or "
                 "choose another prefix"
             )
-
-    def add_missing_columns(self, conn: Connection) -> None:
-        """Add to tables made by an earlier version the nullable columns they lack (a
-        range's ``planned`` rows, its ``tries``). Idempotent; a concurrent caller's
-        addition makes this one fail, and a second look finds the column there."""
-        table = self.ranges_table
-        have = {column["name"] for column in sa.inspect(conn).get_columns(table.name)}
-        name = conn.dialect.identifier_preparer.format_table(table)
-        for column in table.columns:
-            if column.name not in have and column.nullable:
-                definition = sa.schema.CreateColumn(column).compile(dialect=conn.dialect)
-                conn.exec_driver_sql(f"ALTER TABLE {name} ADD COLUMN {definition}")
 
 
 __all__ = ["Tables"]

@@ -8,17 +8,19 @@ from typing import Any
 from django.db import migrations
 
 from shardkit.contrib.django.conf import migration_store
+from shardkit.contrib.django.schema import create_tables, shardkit_tables
 
 
-def create_tables(apps: Any, schema_editor: Any) -> None:
-    migration_store(schema_editor).create_schema()
+def create(apps: Any, schema_editor: Any) -> None:
+    create_tables(migration_store(schema_editor))
 
 
-def drop_tables(apps: Any, schema_editor: Any) -> None:
+def drop(apps: Any, schema_editor: Any) -> None:
     store = migration_store(schema_editor)
-    store.metadata.drop_all(store.engine)
+    for table in reversed(shardkit_tables(store)):
+        table.drop(store.engine, checkfirst=True)
 
 
 class Migration(migrations.Migration):
     initial = True
-    operations = [migrations.RunPython(create_tables, drop_tables)]
+    operations = [migrations.RunPython(create, drop)]
