@@ -55,7 +55,6 @@ class Kit(KitCore[ShardedCounter, BufferedCounter, MonotonicCounter, IdAllocator
     ) -> None:
         super().__init__(settings)
         self._settings = settings
-        self.roles = settings.roles
         self.executor = executor
         self._secret = secret
         self._mapper: Mapper | None = None

@@ -63,6 +63,7 @@ class KitCore(ABC, Generic[_S, _B, _M, _I]):
 
     def __init__(self, options: Options) -> None:
         self._options = options
+        self.roles = options.roles
         self._lock = threading.Lock()
         # The counters opened lately, so that opening one again costs no round trip;
         # bounded, since applications open a counter per entity (poll, video, …).

@@ -250,7 +250,7 @@ def test_an_unknown_cache_is_a_configuration_error(sqlite_url: str) -> None:
     async def main() -> None:
         await shardkit.aio.connect(sqlite_url, "mongodb://127.0.0.1:27017", prefix=PREFIX)
 
-    with pytest.raises(ConfigurationError, match=r"redis://, redis\+cluster:// or memcached://"):
+    with pytest.raises(ConfigurationError, match=r"unix://, redis\+cluster:// or memcached://"):
         asyncio.run(main())
 
 

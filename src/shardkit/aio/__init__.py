@@ -29,13 +29,15 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from shardkit import _urls, metrics
+from shardkit import metrics
 from shardkit._combine import AsyncCombiner
 from shardkit._program import Awaiting, arun, playing
 from shardkit.aio.cache import OffloadedCache
 from shardkit.aio.executor import LoopExecutor
 from shardkit.aio.store import AsyncSqlStore, async_engine_from_url
+from shardkit.cache import open_async_cache
 from shardkit.cache.base import Placed
+from shardkit.cache.memcached import MemcachedCache
 from shardkit.cache.memory import MemoryCache
 from shardkit.counters.adjuster import AsyncAdjuster
 from shardkit.counters.base import CounterRoles, Options
@@ -43,7 +45,7 @@ from shardkit.counters.buffered import BufferedCore, BufferedRoles, Sides, sched
 from shardkit.counters.ids import Guard, IdCore, IdRoles
 from shardkit.counters.monotonic import MonotonicCore
 from shardkit.counters.sharded import ShardedCore, ShardedRoles, Write
-from shardkit.errors import ConfigurationError, ShardkitError
+from shardkit.errors import ShardkitError
 from shardkit.kitcore import DEFAULT_CACHE, DEFAULT_STORE, KitCore
 from shardkit.mapper.job import JobCore, JobRoles
 from shardkit.mapper.ledger import JobStatus, job_statuses
@@ -151,16 +153,6 @@ class AsyncBufferedCounter(BufferedCore, Awaiting):
 class AsyncMonotonicCounter(MonotonicCore, Awaiting):
     """``shardkit.MonotonicCounter``, awaited: the same guarantees, on the same keys."""
 
-    def __init__(
-        self,
-        info: CounterInfo,
-        settings: AsyncSettings,
-        chance_to_write: float,
-        random: Callable[[], float],
-    ) -> None:
-        super().__init__(info, settings, chance_to_write, random)
-        self.roles = settings.roles
-
 
 class AsyncIdAllocator(IdCore, Awaiting):
     """``shardkit.IdAllocator``, awaited: ids never handed out twice, from the same
@@ -203,7 +195,6 @@ class AsyncKit(
         super().__init__(settings)
         self._settings = settings
         self._has_ledger = False
-        self.roles = settings.roles
         self.executor = LoopExecutor(settings.cache, lambda n: settings.cache_key(n, "task"))
         self.executor.bind(
             {
@@ -342,45 +333,10 @@ async def _open(store_url: str, cache: Any, options: KitOptions) -> AsyncKit:
 
 
 def _open_cache(target: Any) -> Any:
-    """An async kit's cache for a URL, a live ``redis.asyncio`` client or a pymemcache
-    client."""
-    if isinstance(target, str):
-        if target.partition(":")[0].lower() in ("redis+cluster", "rediss+cluster"):
-            from shardkit.cache.cluster import AsyncRedisClusterCache
-
-            return AsyncRedisClusterCache.from_url(target)
-        scheme = _urls.scheme(target)
-        if scheme == "memory":
-            return MemoryCache()
-        if scheme in ("redis", "rediss", "unix"):
-            from shardkit.cache.redis import AsyncRedisCache
-
-            return AsyncRedisCache.from_url(target)
-        if scheme == "memcached":
-            from shardkit.cache.memcached import MemcachedCache
-
-            return OffloadedCache(MemcachedCache.from_url(target))
-        raise ConfigurationError(
-            "an async kit's cache is memory://, redis://, redis+cluster:// or memcached://, not "
-            f"{_urls.redact(target)!r}"
-        )
-    module = type(target).__module__
-    if module == "redis.asyncio.cluster":
-        from shardkit.cache.cluster import AsyncRedisClusterCache
-
-        return AsyncRedisClusterCache(target)
-    if module.startswith("redis.asyncio"):
-        from shardkit.cache.redis import AsyncRedisCache
-
-        return AsyncRedisCache(target)
-    if module.startswith("pymemcache"):
-        from shardkit.cache.memcached import MemcachedCache
-
-        return OffloadedCache(MemcachedCache(target))
-    raise ConfigurationError(
-        "an async kit's cache is a URL, a redis.asyncio client or a pymemcache client, "
-        f"not {type(target).__name__}"
-    )
+    """An async kit's cache for a URL or a live client (``open_async_cache``), memcached's
+    run in threads."""
+    cache = open_async_cache(target)
+    return OffloadedCache(cache) if isinstance(cache, MemcachedCache) else cache
 
 
 __all__ = [

@@ -8,9 +8,13 @@ import inspect
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardkit._failures import FailureLog
+from shardkit.executor.base import Timing, When
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 log = logging.getLogger("shardkit")
 
@@ -43,20 +47,10 @@ class LoopExecutor:
         """Serve ``tasks`` by name."""
         self._tasks = tasks
 
-    async def submit(
-        self,
-        task: str,
-        args: Mapping[str, Any],
-        *,
-        delay: float = 0.0,
-        dedupe: str | None = None,
-        window: float = 60.0,
-        merge: str | None = None,
-    ) -> bool:
-        """``Executor.submit``, awaited: run ``task(args)`` ``delay`` seconds from now,
-        unless ``dedupe`` was claimed within the last ``delay + window`` seconds. Each
-        task starts when due (nothing waits for a worker), so ``merge`` has nothing to
-        take a task into."""
+    async def submit(self, task: str, args: Mapping[str, Any], **when: Unpack[When]) -> bool:
+        """``Executor.submit``, awaited. Each task starts when due (nothing waits for a
+        worker), so ``merge`` has nothing to take a task into."""
+        delay, dedupe, window, _ = Timing(**when)
         return await asyncio.shield(self._submit(task, args, delay, dedupe, window))
 
     async def _submit(

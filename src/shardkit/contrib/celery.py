@@ -16,12 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from shardkit import _urls
 from shardkit.errors import BackendError, ConfigurationError
-from shardkit.executor.base import Marks, Task
+from shardkit.executor.base import Marks, Task, Timing, When
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class CeleryExecutor:
@@ -63,16 +66,8 @@ class CeleryExecutor:
         run.__module__ = __name__
         return run
 
-    def submit(
-        self,
-        task: str,
-        args: Mapping[str, Any],
-        *,
-        delay: float = 0.0,
-        dedupe: str | None = None,
-        window: float = 60.0,
-        merge: str | None = None,
-    ) -> bool:
+    def submit(self, task: str, args: Mapping[str, Any], **when: Unpack[When]) -> bool:
+        delay, dedupe, window, _ = Timing(**when)
         # ``merge`` is not used: the queue is the broker's. Due ``delay`` seconds from
         # this call, not from when the broker is reached: a first submission connects
         # first, which may take a good part of a second.

@@ -51,6 +51,11 @@ class Options:
         raise NotImplementedError
 
     @property
+    def roles(self) -> CounterRoles:
+        """The backends every counter kind's programs run on."""
+        raise NotImplementedError
+
+    @property
     def placement(self) -> Placed | None:
         """The cache, if its keys live on several servers (see ``Placed``)."""
         return None
@@ -132,6 +137,7 @@ class CounterCore:
         self.name = info.name
         self.info = info
         self._options = options
+        self.roles = options.roles
         self._looked_at = time.monotonic()
 
     def _look_due(self, every: float) -> bool:

@@ -16,7 +16,6 @@ from shardkit._program import Blocking, Program, call, rule
 from shardkit.cache.base import Cache
 from shardkit.counters.base import (
     CounterCore,
-    CounterSettings,
     Options,
     best_effort,
     incarnation_key,
@@ -153,13 +152,3 @@ class MonotonicCounter(MonotonicCore, Blocking):
 
     Thread-safe; usable in a forked child.
     """
-
-    def __init__(
-        self,
-        info: CounterInfo,
-        settings: CounterSettings,
-        chance_to_write: float,
-        random: Callable[[], float],
-    ) -> None:
-        super().__init__(info, settings, chance_to_write, random)
-        self.roles = settings.roles

@@ -10,10 +10,13 @@ one runs.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypedDict, runtime_checkable
 
 from shardkit._program import role
 from shardkit.cache.base import Cache
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 Task = Callable[[Mapping[str, Any]], object]
 """A background task: called with the JSON-able arguments it was submitted with. Tasks
@@ -38,6 +41,32 @@ class Marks:
         self.cache.delete(self._key(name))
 
 
+class When(TypedDict, total=False):
+    """When a submitted task runs, and whether: ``Executor.submit``'s options."""
+
+    delay: float
+    """Seconds from now, at the earliest (default 0)."""
+    dedupe: str | None
+    """A name: the submission is a no-op if one under the same name was made within the
+    last ``delay + window`` seconds by anyone sharing the cache."""
+    window: float
+    """Seconds a ``dedupe`` name is held beyond ``delay`` (default 60)."""
+    merge: str | None
+    """For a task whose one run does the work of every run queued before it (a flush
+    moves all that is pending): when this submission comes due while an earlier one with
+    the same ``merge`` is due and has not started, it is taken into that one and does not
+    run. An executor whose queue is elsewhere (a broker) may run both."""
+
+
+class Timing(NamedTuple):
+    """``When`` with its defaults: ``Timing(**when)``."""
+
+    delay: float = 0.0
+    dedupe: str | None = None
+    window: float = 60.0
+    merge: str | None = None
+
+
 @role("executor")
 @runtime_checkable
 class Executor(Protocol):
@@ -50,28 +79,10 @@ class Executor(Protocol):
         """Serve ``tasks`` by name and keep deduplication marks in ``marks``. Called once by
         ``connect``; an executor serves one kit, so binding again replaces both."""
 
-    def submit(
-        self,
-        task: str,
-        args: Mapping[str, Any],
-        *,
-        delay: float = 0.0,
-        dedupe: str | None = None,
-        window: float = 60.0,
-        merge: str | None = None,
-    ) -> bool:
-        """Run ``task(args)`` in the background, ``delay`` seconds from now or later.
-
-        With ``dedupe``, the submission is a no-op (returns False) if a submission under the
-        same name was made within the last ``delay + window`` seconds by anyone sharing
-        the cache. Returns True when submitted. ``args`` must be JSON-able.
-
-        With ``merge``, for a task whose one run does the work of every run queued before
-        it (a flush moves all that is pending): when this submission comes due while an
-        earlier one with the same ``merge`` is due and has not started, it is taken into
-        that one and does not run. An executor whose queue is elsewhere (a broker) may
-        run both.
-        """
+    def submit(self, task: str, args: Mapping[str, Any], **when: Unpack[When]) -> bool:
+        """Run ``task(args)`` in the background, as ``when`` says (at once by default);
+        True when submitted, False when ``dedupe`` made it a no-op. ``args`` must be
+        JSON-able."""
 
     def close(self) -> None:
         """Stop taking work; run or hand over what was submitted (see each executor)."""

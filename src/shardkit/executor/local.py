@@ -11,12 +11,15 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardkit._failures import FailureLog
 from shardkit._fork import reset_in_child
 from shardkit.errors import ConfigurationError, ShardkitError
-from shardkit.executor.base import Marks, Task
+from shardkit.executor.base import Marks, Task, Timing, When
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 log = logging.getLogger("shardkit")
 
@@ -95,16 +98,8 @@ class LocalExecutor:
         self._tasks = tasks
         self._marks = marks
 
-    def submit(
-        self,
-        task: str,
-        args: Mapping[str, Any],
-        *,
-        delay: float = 0.0,
-        dedupe: str | None = None,
-        window: float = 60.0,
-        merge: str | None = None,
-    ) -> bool:
+    def submit(self, task: str, args: Mapping[str, Any], **when: Unpack[When]) -> bool:
+        delay, dedupe, window, merge = Timing(**when)
         if task not in self._tasks:
             raise ConfigurationError(f"no task named {task!r} is bound to {self.url}")
         if self._closed:  # checked before claiming: a claim must be followed by a run

@@ -334,10 +334,9 @@ class SqlCore(Tables):
     @rule
     def totals(self, names: Iterable[str]) -> Program[dict[str, int]]:
         """See ``Store.totals``."""
-        wanted = list(dict.fromkeys(names))
-        result = dict.fromkeys(wanted, 0)
-        if not wanted:
+        if not (result := dict.fromkeys(names, 0)):
             return result
+        wanted = list(result)
         shards, flushed, marks = self.shards_table, self.flushed_table, self.marks_table
         counters = self.counters_table
         high, low, scale = self.dialect.exact_sum(shards.c.value)
@@ -473,9 +472,7 @@ class SqlCore(Tables):
     @rule
     def maxima(self, names: Iterable[str]) -> Program[dict[str, int]]:
         """See ``Store.maxima``."""
-        wanted = list(dict.fromkeys(names))
-        result = dict.fromkeys(wanted, 0)
-        if not wanted:
+        if not (result := dict.fromkeys(names, 0)):
             return result
         table, counters = self.maxima_table, self.counters_table
         rows = yield from call(
@@ -489,7 +486,7 @@ class SqlCore(Tables):
                     counters.c.incarnation == table.c.incarnation,
                 ),
             )
-            .where(table.c.name.in_(wanted))
+            .where(table.c.name.in_(list(result)))
             .group_by(table.c.name),
         )
         result.update({name: int(value) for name, value in rows})
