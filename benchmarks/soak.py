@@ -97,7 +97,7 @@ def count_rows(store: SqlStore, table: sa.Table) -> int:
 
 def lose_generations(kit: shardkit.Kit, names: list[str]) -> None:
     """The cache loses every buffered generation of ``names``: their keys and pointers."""
-    settings = kit._settings
+    settings = kit.settings
     for name, generations in kit.store.generations(names).items():
         for generation in generations:
             for side in ("up", "down"):
@@ -119,7 +119,7 @@ def setting_up(
     if args.cache.startswith(("redis://", "rediss://", "unix://")):
         client = _redis_client(args.cache)
         stack.callback(client.close)
-        stack.callback(forget_redis_keys, client, kit._settings.namespace)
+        stack.callback(forget_redis_keys, client, kit.settings.namespace)
     accounts = sa.Table(
         f"{prefix}accounts",
         store.metadata,
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
 
         kit = connect()
         # A short grace so that a run of a minute shows dead generations being folded.
-        kit._settings = dataclasses.replace(kit._settings, fold_after=args.fold_after)
+        kit.settings = dataclasses.replace(kit.settings, fold_after=args.fold_after)
         store, accounts = setting_up(stack, args, prefix, kit)
 
         tracemalloc.start()

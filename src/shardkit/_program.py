@@ -185,6 +185,10 @@ class Blocking:
 
     roles: Any
 
+    def _carry_out(self, program: Program[R]) -> R:
+        """Run ``program`` on the instance's ``roles``."""
+        return run(program, self.roles)
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         for name, found in _rules(cls):
@@ -196,6 +200,10 @@ class Awaiting:
     runs its program on the instance's ``roles`` with ``arun``."""
 
     roles: Any
+
+    def _carry_out(self, program: Program[R]) -> Coroutine[Any, Any, R]:
+        """Run ``program`` on the instance's ``roles``, awaited."""
+        return arun(program, self.roles)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

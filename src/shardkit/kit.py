@@ -33,7 +33,7 @@ from shardkit.executor import Executor, LocalExecutor, Marks
 from shardkit.kitcore import DEFAULT_CACHE, DEFAULT_STORE, KitCore
 from shardkit.mapper import TASK
 from shardkit.options import KitOptions, counter_options, kit_options
-from shardkit.store import CounterInfo, Store, open_store
+from shardkit.store import Store, open_store
 from shardkit.store.sql import SqlStore
 from shardkit.validation import check_age, check_job_id, check_mapping
 
@@ -50,11 +50,19 @@ class Kit(KitCore[ShardedCounter, BufferedCounter, MonotonicCounter, IdAllocator
     connection is shared across a fork. Use it as a context manager, or ``close()`` it.
     """
 
+    sharded_form = ShardedCounter
+    buffered_form = BufferedCounter
+    monotonic_form = MonotonicCounter
+    ids_form = IdAllocator
+
     def __init__(
         self, settings: CounterSettings, executor: Executor, secret: str | bytes | None = None
     ) -> None:
         super().__init__(settings)
-        self._settings = settings
+        self.settings = settings
+        """The backends and settings the kit hands its counters."""
+        self.store: Store = settings.store
+        self.cache: Cache = settings.cache
         self.executor = executor
         self._secret = secret
         self._mapper: Mapper | None = None
@@ -63,7 +71,7 @@ class Kit(KitCore[ShardedCounter, BufferedCounter, MonotonicCounter, IdAllocator
     def _tasks(self) -> Mapping[str, Any]:
         """The background tasks counters submit to the executor, by name (JSON args)."""
         return {
-            "flush": lambda args: run(scheduled_flush(self._settings, args), self.roles),
+            "flush": lambda args: run(scheduled_flush(self.settings, args), self.roles),
             "flush_all": lambda args: self.flush_all(),
             TASK: lambda args: self.mapper.run_range(args["job"], args["range"]),
         }
@@ -86,23 +94,10 @@ class Kit(KitCore[ShardedCounter, BufferedCounter, MonotonicCounter, IdAllocator
             return self._mapper
 
     @property
-    def settings(self) -> CounterSettings:
-        """The backends and settings the kit hands its counters."""
-        return self._settings
-
-    @property
-    def store(self) -> Store:
-        return self._settings.store
-
-    @property
-    def cache(self) -> Cache:
-        return self._settings.cache
-
-    @property
     def namespace(self) -> str:
         """The prefix of every key this kit puts in its cache: ``shardkit:`` and the store's
         identity (see ``Store.identity``), so that stores sharing a cache never meet."""
-        return self._settings.namespace
+        return self.settings.namespace
 
     def __repr__(self) -> str:
         return f"<Kit store={self.store.url} cache={self.cache.url} executor={self.executor.url}>"
@@ -120,24 +115,10 @@ class Kit(KitCore[ShardedCounter, BufferedCounter, MonotonicCounter, IdAllocator
         values; then close the connections the kit opened (live engines and clients stay
         open)."""
         self.executor.close()
-        self._settings.adjuster.close()
+        self.settings.adjuster.close()
         run(self._save_counters(), self.roles)
         self.store.close()
         self.cache.close()
-
-    def _new_sharded(self, info: CounterInfo) -> ShardedCounter:
-        return ShardedCounter(info, self._settings)
-
-    def _new_buffered(self, info: CounterInfo, interval: float, stripes: int) -> BufferedCounter:
-        return BufferedCounter(info, self._settings, self.executor, interval, stripes)
-
-    def _new_monotonic(
-        self, info: CounterInfo, chance_to_write: float, random: Callable[[], float]
-    ) -> MonotonicCounter:
-        return MonotonicCounter(info, self._settings, chance_to_write, random)
-
-    def _new_ids(self, info: CounterInfo, block: int) -> IdAllocator:
-        return IdAllocator(info, self._settings, block)
 
     def map(
         self,

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import threading
 import time
-from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 from shardkit import metrics
 from shardkit._program import Program, call, rule
@@ -54,12 +53,18 @@ _I = TypeVar("_I", bound=IdCore)
 _C = TypeVar("_C", bound=CounterCore)
 
 
-class KitCore(ABC, Generic[_S, _B, _M, _I]):
+class KitCore(Generic[_S, _B, _M, _I]):
     """What the sync and async kits share: the counters opened lately, and the rules of
-    opening, reading and ending counters (programs on ``CounterRoles``). A form makes
-    its own counters of each kind (``_new_sharded`` …)."""
+    opening, reading and ending counters (programs on ``CounterRoles``). A form names
+    its counter classes of each kind (``sharded_form`` …)."""
 
     roles: CounterRoles
+    executor: Any
+    # The form's counter classes, made with the kit's settings (and executor).
+    sharded_form: Callable[[CounterInfo, Any], _S]
+    buffered_form: Callable[[CounterInfo, Any, Any, float, int], _B]
+    monotonic_form: Callable[[CounterInfo, Any, float, Callable[[], float]], _M]
+    ids_form: Callable[[CounterInfo, Any, int], _I]
 
     def __init__(self, options: Options) -> None:
         self._options = options
@@ -68,17 +73,6 @@ class KitCore(ABC, Generic[_S, _B, _M, _I]):
         # The counters opened lately, so that opening one again costs no round trip;
         # bounded, since applications open a counter per entity (poll, video, …).
         self._counters: OrderedDict[str, _S | _B | _M | _I] = OrderedDict()
-
-    @abstractmethod
-    def _new_sharded(self, info: CounterInfo) -> _S: ...
-    @abstractmethod
-    def _new_buffered(self, info: CounterInfo, interval: float, stripes: int) -> _B: ...
-    @abstractmethod
-    def _new_monotonic(
-        self, info: CounterInfo, chance_to_write: float, random: Callable[[], float]
-    ) -> _M: ...
-    @abstractmethod
-    def _new_ids(self, info: CounterInfo, block: int) -> _I: ...
 
     def _open(
         self,
@@ -128,7 +122,7 @@ class KitCore(ABC, Generic[_S, _B, _M, _I]):
             name,
             ShardedCore,
             lambda c: shards is None or shards <= c._shards,
-            self._new_sharded,
+            lambda info: self.sharded_form(info, self._options),
             shards,
             sharded=True,
         )
@@ -153,7 +147,7 @@ class KitCore(ABC, Generic[_S, _B, _M, _I]):
             name,
             BufferedCore,
             lambda c: (c.interval, c.stripes) == (every, count),
-            lambda info: self._new_buffered(info, every, count),
+            lambda info: self.buffered_form(info, self._options, self.executor, every, count),
         )
 
     def _save_counters(self) -> Program[None]:
@@ -200,7 +194,7 @@ class KitCore(ABC, Generic[_S, _B, _M, _I]):
                 and c.chance_to_write == chance
                 and random is None
             ),
-            lambda info: self._new_monotonic(info, chance, draw),
+            lambda info: self.monotonic_form(info, self._options, chance, draw),
             shards,
             sharded=True,
         )
@@ -212,7 +206,10 @@ class KitCore(ABC, Generic[_S, _B, _M, _I]):
         check_name(name)
         size = check_block(block)
         return self._open(
-            name, IdCore, lambda c: c.block == size, lambda info: self._new_ids(info, size)
+            name,
+            IdCore,
+            lambda c: c.block == size,
+            lambda info: self.ids_form(info, self._options, size),
         )
 
     @rule

@@ -114,7 +114,7 @@ def age_generations(kit: shardkit.Kit, name: str) -> None:
     """Make every generation of counter ``name`` older than the kit's ``fold_after``."""
     assert isinstance(kit.store, SqlStore)
     table = kit.store.flushed_table
-    older = table.c.created_at - 2 * kit._settings.fold_after
+    older = table.c.created_at - 2 * kit.settings.fold_after
     with kit.store.engine.begin() as conn:
         conn.execute(sa.update(table).where(table.c.name == name).values(created_at=older))
 

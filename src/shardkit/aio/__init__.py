@@ -41,7 +41,7 @@ from shardkit.cache.memcached import MemcachedCache
 from shardkit.cache.memory import MemoryCache
 from shardkit.counters.adjuster import AsyncAdjuster
 from shardkit.counters.base import CounterRoles, Options
-from shardkit.counters.buffered import BufferedCore, BufferedRoles, Sides, scheduled_flush
+from shardkit.counters.buffered import BufferedCore, scheduled_flush
 from shardkit.counters.ids import Guard, IdCore, IdRoles
 from shardkit.counters.monotonic import MonotonicCore
 from shardkit.counters.sharded import ShardedCore, ShardedRoles, Write
@@ -125,23 +125,7 @@ class AsyncBufferedCounter(BufferedCore, Awaiting):
     command is sent, it is.
     """
 
-    def __init__(
-        self,
-        info: CounterInfo,
-        settings: AsyncSettings,
-        executor: LoopExecutor,
-        interval: float,
-        stripes: int = 1,
-    ) -> None:
-        super().__init__(info, settings, interval, stripes)
-        self._sides = [AsyncCombiner(self._bump_now(side)) for side in (0, 1)]
-        roles, bumps = settings.roles, Sides(*self._sides)
-        self.roles = BufferedRoles(
-            roles.store, roles.cache, roles.adjuster, playing(executor), bumps
-        )
-
-    def _bump_now(self, side: int) -> Callable[[Sequence[int]], Awaitable[list[None]]]:
-        return lambda amounts: arun(self._bump(side, amounts), self.roles)
+    _combiner = AsyncCombiner
 
     async def flush(self) -> int:
         """``BufferedCounter.flush``, once the cache commands being sent have landed (a
@@ -191,9 +175,17 @@ class AsyncKit(
     """An async store and cache, and the counters that live in them. Use it as an async
     context manager, or ``await kit.aclose()``."""
 
+    sharded_form = AsyncShardedCounter
+    buffered_form = AsyncBufferedCounter
+    monotonic_form = AsyncMonotonicCounter
+    ids_form = AsyncIdAllocator
+
     def __init__(self, settings: AsyncSettings) -> None:
         super().__init__(settings)
-        self._settings = settings
+        self.settings = settings
+        """The backends and settings the kit hands its counters."""
+        self.store: AsyncSqlStore = settings.store
+        self.cache: Any = settings.cache
         self._has_ledger = False
         self.executor = LoopExecutor(settings.cache, lambda n: settings.cache_key(n, "task"))
         self.executor.bind(
@@ -202,18 +194,6 @@ class AsyncKit(
                 "flush_all": lambda args: self.flush_all(),
             }
         )
-
-    @property
-    def settings(self) -> AsyncSettings:
-        return self._settings
-
-    @property
-    def store(self) -> AsyncSqlStore:
-        return self._settings.store
-
-    @property
-    def cache(self) -> Any:
-        return self._settings.cache
 
     def __repr__(self) -> str:
         return f"<AsyncKit store={self.store.url} cache={self.cache.url}>"
@@ -230,28 +210,12 @@ class AsyncKit(
         process, flush the buffered counters (folding their generations into one row);
         then close the connections the kit opened."""
         await self.executor.close()
-        await self._settings.adjuster.close()
+        await self.settings.adjuster.close()
         await arun(self._save_counters(), self.roles)
         await self.store.close()
         closing = self.cache.close()
         if isinstance(closing, Awaitable):
             await closing
-
-    def _new_sharded(self, info: CounterInfo) -> AsyncShardedCounter:
-        return AsyncShardedCounter(info, self._settings)
-
-    def _new_buffered(
-        self, info: CounterInfo, interval: float, stripes: int
-    ) -> AsyncBufferedCounter:
-        return AsyncBufferedCounter(info, self._settings, self.executor, interval, stripes)
-
-    def _new_monotonic(
-        self, info: CounterInfo, chance_to_write: float, random: Callable[[], float]
-    ) -> AsyncMonotonicCounter:
-        return AsyncMonotonicCounter(info, self._settings, chance_to_write, random)
-
-    def _new_ids(self, info: CounterInfo, block: int) -> AsyncIdAllocator:
-        return AsyncIdAllocator(info, self._settings, block)
 
     async def job(self, job_id: str) -> AsyncJob:
         """The handle of mapping job ``job_id``; raises ``JobNotFound`` if there is

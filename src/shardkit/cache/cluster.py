@@ -64,6 +64,18 @@ class Startup(NamedTuple):
     password: str | None
     ssl: bool
 
+    def client_options(self, node: Any) -> dict[str, Any]:
+        """The keyword arguments of a ``RedisCluster`` (redis-py's, or its asyncio one,
+        whose ``ClusterNode`` class is ``node``) that starts from these nodes."""
+        return {
+            "startup_nodes": [node(host, port) for host, port in self.nodes],
+            "username": self.username,
+            "password": self.password,
+            "ssl": self.ssl,
+            "socket_connect_timeout": 5,
+            "socket_timeout": 5,
+        }
+
 
 def parse(url: str) -> Startup:
     """``redis+cluster://[user:password@]host:port[,host:port…][/0]`` (``rediss+cluster``:
@@ -174,6 +186,17 @@ class ClusterCore(RedisCore):
     increments that differ on a cluster, and where keys live (``Placed``)."""
 
     roles: ClusterRoles
+    # Each form's: what sends a key's increments to its primary, what sends the other
+    # commands, and what waits.
+    _pipes_of: Callable[[Any], Any]
+    _commands_of: Callable[[Any, Callable[[str], _Sender]], Any]
+    _clock: Clock
+
+    def __init__(self, client: Any, *, url: str | None = None, owns_client: bool = False):
+        super().__init__(client, url=url, owns_client=owns_client)
+        self._pipes = self._pipes_of(client)
+        commands = self._commands_of(client, self._pipes.sender)
+        self.roles = ClusterRoles(commands, self._pipes, self._clock)
 
     @staticmethod
     def _describe(client: Any) -> tuple[str, str | None]:
@@ -392,16 +415,8 @@ class RedisClusterCache(ClusterCore, Blocking):
         from redis.cluster import ClusterNode, RedisCluster
 
         startup = parse(url)
-        node_at: Any = ClusterNode
         try:
-            client = RedisCluster(
-                startup_nodes=[node_at(host, port) for host, port in startup.nodes],
-                username=startup.username,
-                password=startup.password,
-                ssl=startup.ssl,
-                socket_connect_timeout=5,
-                socket_timeout=5,
-            )
+            client = RedisCluster(**startup.client_options(ClusterNode))
         except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
             detail = _urls.scrub(str(exc), startup.password)
             raise BackendUnavailable(
@@ -409,11 +424,9 @@ class RedisClusterCache(ClusterCore, Blocking):
             ) from exc
         return cls(client, url=url, owns_client=True)
 
-    def __init__(self, client: Any, *, url: str | None = None, owns_client: bool = False):
-        super().__init__(client, url=url, owns_client=owns_client)
-        self._pipes = _NodePipes(client)
-        commands = _Commands(client, self._pipes.sender)
-        self.roles = ClusterRoles(commands, self._pipes, time)
+    _pipes_of = _NodePipes
+    _commands_of = _Commands
+    _clock = time
 
     def close(self) -> None:
         self._pipes.close()
@@ -432,22 +445,12 @@ class AsyncRedisClusterCache(ClusterCore, Awaiting):
         _redis_module()
         from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-        startup = parse(url)
-        client = RedisCluster(
-            startup_nodes=[ClusterNode(host, port) for host, port in startup.nodes],
-            username=startup.username,
-            password=startup.password,
-            ssl=startup.ssl,
-            socket_connect_timeout=5,
-            socket_timeout=5,
-        )
+        client = RedisCluster(**parse(url).client_options(ClusterNode))
         return cls(client, url=url, owns_client=True)
 
-    def __init__(self, client: Any, *, url: str | None = None, owns_client: bool = False):
-        super().__init__(client, url=url, owns_client=owns_client)
-        self._pipes = _AsyncNodePipes(client)
-        commands = _AsyncCommands(client, self._pipes.sender)
-        self.roles = ClusterRoles(commands, self._pipes, asyncio)
+    _pipes_of = _AsyncNodePipes
+    _commands_of = _AsyncCommands
+    _clock = asyncio
 
     async def close(self) -> None:
         await self._pipes.aclose()

@@ -46,18 +46,17 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from shardkit import metrics
 from shardkit._combine import Combiner
-from shardkit._program import Blocking, Program, call, role, rule, run
+from shardkit._program import Blocking, Program, call, role, rule
 from shardkit.cache.base import Cache
 from shardkit.counters.base import (
     CounterCore,
     CounterRoles,
-    CounterSettings,
     Options,
     best_effort,
     incarnation_key,
@@ -153,12 +152,26 @@ class BufferedCore(CounterCore):
     kind = "buffered"
     roles: BufferedRoles
 
+    # The form's: what combines concurrent bumps of a side, and what runs a program.
+    _combiner: Callable[[Callable[[Sequence[int]], Any]], Any]
+    _carry_out: Callable[[Program[Any]], Any]
+
     def __init__(
-        self, info: CounterInfo, options: Options, interval: float, stripes: int = 1
+        self,
+        info: CounterInfo,
+        options: Options,
+        executor: Executor,
+        interval: float,
+        stripes: int = 1,
     ) -> None:
         super().__init__(info, options)
         self.interval = check_interval(interval)
         self.stripes = check_stripes(stripes)
+        self._sides = [self._combiner(self._bumping(side)) for side in (0, 1)]
+        roles = options.roles
+        self.roles = BufferedRoles(
+            roles.store, roles.cache, roles.adjuster, executor, Sides(*self._sides)
+        )
         # Each stripe has a generation of its own, which the cache points at.
         self._pointer_keys = pointer_keys(options, info, self.stripes)
         self._writing: list[tuple[int, tuple[str, str]] | None] = [None] * self.stripes
@@ -202,6 +215,9 @@ class BufferedCore(CounterCore):
     def decr(self, delta: int = 1) -> Program[None]:
         """Subtract ``delta``; the same contract as ``incr``."""
         return BufferedCore.incr.program(self, -check_delta(delta))
+
+    def _bumping(self, side: int) -> Callable[[Sequence[int]], Any]:
+        return lambda amounts: self._carry_out(self._bump(side, amounts))
 
     def _bump(self, side: int, amounts: Sequence[int]) -> Program[list[None]]:
         """Add a batch of increments (``side`` 0) or decrements (1) to the sum of the
@@ -389,22 +405,7 @@ class BufferedCounter(BufferedCore, Blocking):
     Thread-safe; usable in a forked child.
     """
 
-    def __init__(
-        self,
-        info: CounterInfo,
-        settings: CounterSettings,
-        executor: Executor,
-        interval: float,
-        stripes: int = 1,
-    ) -> None:
-        super().__init__(info, settings, interval, stripes)
-        self._executor = executor
-        bumps = Sides(*(Combiner(self._bump_now(side)) for side in (0, 1)))
-        roles = settings.roles
-        self.roles = BufferedRoles(roles.store, roles.cache, roles.adjuster, executor, bumps)
-
-    def _bump_now(self, side: int) -> Any:
-        return lambda amounts: run(self._bump(side, amounts), self.roles)
+    _combiner = Combiner
 
 
 def pointer_keys(options: Options, info: CounterInfo, stripes: int) -> list[str]:
