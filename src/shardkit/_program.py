@@ -156,6 +156,8 @@ def run(program: Program[R], roles: Roles) -> R:
             raise
 
 
+# Deliberately ``run`` line for line but for the await: one runner for both would cost
+# every blocking call an awaitable check.
 async def arun(program: Program[R], roles: Roles) -> R:
     """Carry out ``program``'s calls on the backends ``roles``, awaiting what they return
     that is awaitable (a backend that never blocks, such as the in-process cache, may

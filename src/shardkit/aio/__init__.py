@@ -25,8 +25,7 @@ import asyncio
 import os
 import types
 from collections.abc import Awaitable, Callable, Generator, Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from shardkit import metrics
@@ -36,11 +35,10 @@ from shardkit.aio.cache import OffloadedCache
 from shardkit.aio.executor import LoopExecutor
 from shardkit.aio.store import AsyncSqlStore, async_engine_from_url
 from shardkit.cache import open_async_cache
-from shardkit.cache.base import Placed
 from shardkit.cache.memcached import MemcachedCache
 from shardkit.cache.memory import MemoryCache
 from shardkit.counters.adjuster import AsyncAdjuster
-from shardkit.counters.base import CounterRoles, Options
+from shardkit.counters.base import Settings
 from shardkit.counters.buffered import BufferedCore, scheduled_flush
 from shardkit.counters.ids import Guard, IdCore, IdRoles
 from shardkit.counters.monotonic import MonotonicCore
@@ -59,35 +57,18 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, kw_only=True)
-class AsyncSettings(Options):
+class AsyncSettings(Settings):
     """The backends and settings an async kit hands each of its counters."""
 
     store: AsyncSqlStore
     cache: Any  # an AsyncRedisCache, an OffloadedCache, or the (never blocking) MemoryCache
     identity: str
     """The store's identity (see ``Store.identity``), read when the kit was opened."""
-    adjuster: AsyncAdjuster = field(init=False, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        adjuster = AsyncAdjuster(self.cache, self.failures, self.adjust_delay)
-        object.__setattr__(self, "adjuster", adjuster)  # frozen, but built from the rest
+    adjusting = AsyncAdjuster
 
     @property
     def namespace(self) -> str:
         return f"shardkit:{self.identity}:"
-
-    @property
-    def shared_cache(self) -> bool:
-        return bool(self.cache.shared)
-
-    @cached_property
-    def placement(self) -> Placed | None:
-        return self.cache if isinstance(self.cache, Placed) else None
-
-    @cached_property
-    def roles(self) -> CounterRoles:
-        """The backends, as the counters' programs run on them."""
-        return CounterRoles(playing(self.store), self.cache, playing(self.adjuster))
 
 
 class AsyncShardedCounter(ShardedCore, Awaiting):

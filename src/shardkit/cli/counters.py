@@ -11,6 +11,7 @@ import click
 import shardkit
 from shardkit.validation import check_name
 
+# Deliberately the same list as serve.py's: each module uses every one of these.
 from .base import (
     Context,
     emit,
@@ -139,49 +140,49 @@ def grow(context: Context, name: str, shards: int, as_json: bool) -> None:
         out.print(shown(f"{name}: kept {now} shards (a shard count never shrinks)"))
 
 
-@main.command()
-@click.argument("name")
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-@json_option
-@pass_context
-def delete(context: Context, name: str, yes: bool, as_json: bool) -> None:
+def _ending(verb: str, reset: bool, doc: str) -> None:
+    """Define the command ``verb`` (``delete`` or ``reset``): ask (unless --yes), then
+    end the counter."""
+
+    @main.command(verb, help=doc)
+    @click.argument("name")
+    @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+    @json_option
+    @pass_context
+    def end(context: Context, name: str, yes: bool, as_json: bool) -> None:
+        kit = context.reader
+        info = kit.store.counter(check_name(name))
+        if info is None:
+            raise shardkit.CounterNotFound(f"no counter named {name!r} in {kit.store.url}")
+        if not yes:
+            question = f"{verb.capitalize()} {info.kind} counter {shown(name)}?"
+            click.confirm(question, abort=True, err=True)
+        ended = kit.reset(name) if reset else kit.delete(name)
+        done = "reset" if reset else "deleted"
+        if as_json:
+            emit({"name": name, "kind": ended.kind, "shards": ended.shards, done: True})
+        else:
+            out.print(shown(f"{name}: {done} ({ended.kind})"))
+
+
+_ending(
+    "delete",
+    False,
     """Delete counter NAME: its value, pending increments, cached values and
     idempotency keys. Asks first, unless --yes. An id allocator's next incarnation
     starts above every id it reserved.
 
-    --json: {"name", "kind", "shards", "deleted": true}."""
-    _end(context, name, yes=yes, as_json=as_json, reset=False)
-
-
-@main.command()
-@click.argument("name")
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-@json_option
-@pass_context
-def reset(context: Context, name: str, yes: bool, as_json: bool) -> None:
+    --json: {"name", "kind", "shards", "deleted": true}.""",
+)
+_ending(
+    "reset",
+    True,
     """Reset counter NAME to 0 (to nothing, a monotonic counter): the same kind and
     shards, none of its value, pending increments, cached values or idempotency keys.
     Asks first, unless --yes. An id allocator is never reset (delete it).
 
-    --json: {"name", "kind", "shards", "reset": true}."""
-    _end(context, name, yes=yes, as_json=as_json, reset=True)
-
-
-def _end(context: Context, name: str, *, yes: bool, as_json: bool, reset: bool) -> None:
-    """``delete`` and ``reset``: ask (unless ``yes``), then end the counter."""
-    kit = context.reader
-    info = kit.store.counter(check_name(name))
-    if info is None:
-        raise shardkit.CounterNotFound(f"no counter named {name!r} in {kit.store.url}")
-    if not yes:
-        verb = "Reset" if reset else "Delete"
-        click.confirm(f"{verb} {info.kind} counter {shown(name)}?", abort=True, err=True)
-    ended = kit.reset(name) if reset else kit.delete(name)
-    done = "reset" if reset else "deleted"
-    if as_json:
-        emit({"name": name, "kind": ended.kind, "shards": ended.shards, done: True})
-    else:
-        out.print(shown(f"{name}: {done} ({ended.kind})"))
+    --json: {"name", "kind", "shards", "reset": true}.""",
+)
 
 
 @main.command()

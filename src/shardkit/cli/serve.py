@@ -11,6 +11,7 @@ import click
 import shardkit
 from shardkit.validation import check_name
 
+# Deliberately the same list as counters.py's: each module uses every one of these.
 from .base import (
     Context,
     emit,

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, ClassVar
 
 from shardkit._failures import FailureLog
 from shardkit._program import Call, Program, Roles, call
@@ -90,26 +90,24 @@ class CounterRoles(Roles):
 
 
 @dataclass(frozen=True, kw_only=True)
-class CounterSettings(Options):
-    """The backends and settings a (sync) kit hands each of its counters."""
+class Settings(Options):
+    """The backends and settings a kit hands each of its counters: its store and cache,
+    and an adjuster of cached values on the cache, of the form's ``adjusting`` class
+    (``CounterSettings``: the sync kit's; ``shardkit.aio.AsyncSettings``)."""
 
-    store: Store
-    cache: Cache
-    adjuster: Adjuster = field(init=False, compare=False, repr=False)
+    store: Any
+    cache: Any
+    adjuster: Any = field(init=False, compare=False, repr=False)
     """Where sharded writes leave their adjustments of cached values."""
+    adjusting: ClassVar[type[Any]]  # the form's Adjuster class
 
     def __post_init__(self) -> None:
-        adjuster = Adjuster(self.cache, self.failures, self.adjust_delay)
+        adjuster = self.adjusting(self.cache, self.failures, self.adjust_delay)
         object.__setattr__(self, "adjuster", adjuster)  # frozen, but built from the rest
-
-    @cached_property
-    def namespace(self) -> str:
-        """Prefix of every cache key (read from the store on first use)."""
-        return f"shardkit:{self.store.identity()}:"
 
     @property
     def shared_cache(self) -> bool:
-        return self.cache.shared
+        return bool(self.cache.shared)
 
     @cached_property
     def placement(self) -> Placed | None:
@@ -119,6 +117,20 @@ class CounterSettings(Options):
     def roles(self) -> CounterRoles:
         """The backends, as the counters' programs run on them."""
         return CounterRoles(self.store, self.cache, self.adjuster)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CounterSettings(Settings):
+    """The backends and settings a (sync) kit hands each of its counters."""
+
+    store: Store
+    cache: Cache
+    adjusting = Adjuster
+
+    @cached_property
+    def namespace(self) -> str:
+        """Prefix of every cache key (read from the store on first use)."""
+        return f"shardkit:{self.store.identity()}:"
 
 
 class CounterCore:

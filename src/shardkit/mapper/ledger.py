@@ -362,6 +362,8 @@ class RangeLedger:
             return [], conn.execute(self._another, params).first() is not None
         return self._insert(conn, job, row.id, children, row.depth + 1, time.time()), False
 
+    # Deliberately ``checkpoint``'s arguments: a committed page is its ``STAY`` checkpoint,
+    # sent with its COMMIT.
     def commit_page(
         self,
         conn: Connection,

@@ -225,6 +225,8 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
         }
         if not deltas:
             return super().update(**kwargs)
+        # Deliberately alike in shape to QuerySetSource's checks, with the errors of an
+        # update (Django's own for a slice).
         if self.query.is_sliced:
             raise TypeError("Cannot update a query once a slice has been taken.")
         if self.db != database():

@@ -38,6 +38,8 @@ class QuerySetSource:
             raise ConfigurationError(
                 f"{meta.label}.{field.name} is not unique: map by a unique key"
             )
+        # Deliberately alike in shape to CountingQuerySet.update's checks, with the
+        # errors of mapping.
         if queryset.query.is_sliced:
             raise ConfigurationError("a sliced queryset cannot be mapped: filter it instead")
         if queryset.db != database():

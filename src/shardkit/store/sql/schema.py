@@ -34,6 +34,8 @@ class Tables:
             sa.Column("shards", sa.Integer, nullable=False),
             sa.Column("incarnation", sa.BigInteger, nullable=False),
         )
+        # The tables of a counter's rows (shards, flushed, maxima) are deliberately alike:
+        # each is keyed by the name and one more column.
         self.shards_table = sa.Table(
             f"{prefix}shards",
             metadata,
