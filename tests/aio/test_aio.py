@@ -695,7 +695,7 @@ def test_coroutines_past_a_cluster_nodes_connections_wait_for_one(
     101st at once; the cache keeps the rest waiting, and every read answers."""
     import redis
 
-    from shardkit.cache.cluster import AsyncRedisClusterCache
+    from shardkit.aio.cluster import AsyncRedisClusterCache
 
     key = f"{name}:paused"
 

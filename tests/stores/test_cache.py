@@ -235,7 +235,7 @@ def test_an_async_increment_whose_reply_is_lost_raises_and_counted_once(
 ) -> None:
     import redis.asyncio
 
-    from shardkit.cache.redis import AsyncRedisCache
+    from shardkit.aio.redis import AsyncRedisCache
 
     proxy, url = cutter
 

@@ -20,8 +20,9 @@ import shardkit
 from backends import PREFIX, free_port, store_url_for
 from servers import ClusterNode, Cutter, RedisClusterServers, Writers, running
 from shardkit import BufferedCounter
+from shardkit.aio.cluster import AsyncRedisClusterCache
 from shardkit.cache import open_cache
-from shardkit.cache.cluster import AsyncRedisClusterCache, RedisClusterCache
+from shardkit.cache.cluster import RedisClusterCache
 from shardkit.counters.buffered import _BASE as BASE
 from shardkit.errors import BackendError, BackendUnavailable
 from shardkit.store.base import RETIRED

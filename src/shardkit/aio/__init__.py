@@ -29,15 +29,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from shardkit import metrics
-from shardkit._combine import AsyncCombiner
 from shardkit._program import Awaiting, arun, playing
+from shardkit.aio.adjuster import AsyncAdjuster
 from shardkit.aio.cache import OffloadedCache
+from shardkit.aio.combine import AsyncCombiner
 from shardkit.aio.executor import LoopExecutor
 from shardkit.aio.store import AsyncSqlStore, async_engine_from_url
-from shardkit.cache import open_async_cache
+from shardkit.cache import open_kind
 from shardkit.cache.memcached import MemcachedCache
 from shardkit.cache.memory import MemoryCache
-from shardkit.counters.adjuster import AsyncAdjuster
 from shardkit.counters.base import Settings
 from shardkit.counters.buffered import BufferedCore, scheduled_flush
 from shardkit.counters.ids import Guard, IdCore, IdRoles
@@ -277,10 +277,18 @@ async def _open(store_url: str, cache: Any, options: KitOptions) -> AsyncKit:
     return AsyncKit(settings)
 
 
+# The class of each kind of cache: the async kit's (memcached's runs in threads).
+_CACHES = {
+    "cluster": ("shardkit.aio.cluster", "AsyncRedisClusterCache"),
+    "redis": ("shardkit.aio.redis", "AsyncRedisCache"),
+    "memcached": ("shardkit.cache.memcached", "MemcachedCache"),
+}
+
+
 def _open_cache(target: Any) -> Any:
-    """An async kit's cache for a URL or a live client (``open_async_cache``), memcached's
-    run in threads."""
-    cache = open_async_cache(target)
+    """An async kit's cache for a URL, a live ``redis.asyncio`` client or a pymemcache
+    client (see ``open_kind``)."""
+    cache = open_kind(target, _CACHES, asyncio=True)
     return OffloadedCache(cache) if isinstance(cache, MemcachedCache) else cache
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from typing import Any, cast
 
 from shardkit import _urls
@@ -17,27 +18,22 @@ def open_cache(target: str | Cache | Any) -> Cache:
     (``Redis``, ``RedisCluster``) or pymemcache client, or a ``Cache``."""
     if isinstance(target, Cache):
         return target
-    return cast(Cache, _open(target, asyncio=False))
+    return cast(Cache, open_kind(target, CACHES, asyncio=False))
 
 
-def open_async_cache(target: str | Any) -> Any:
-    """An async kit's cache for a URL (as ``open_cache``'s) or a live ``redis.asyncio``
-    or pymemcache client: ``AsyncRedisCache``, ``AsyncRedisClusterCache``,
-    ``MemoryCache`` (which never blocks), or memcached's blocking ``MemcachedCache``, for
-    the async kit to run in threads."""
-    return _open(target, asyncio=True)
-
-
-# Each kind of cache: its module, and its classes for the sync and the async kit.
-_KINDS = {
-    "cluster": ("shardkit.cache.cluster", "RedisClusterCache", "AsyncRedisClusterCache"),
-    "redis": ("shardkit.cache.redis", "RedisCache", "AsyncRedisCache"),
-    "memcached": ("shardkit.cache.memcached", "MemcachedCache", "MemcachedCache"),
+# The class of each kind of cache (its module, its name): the sync kit's.
+CACHES = {
+    "cluster": ("shardkit.cache.cluster", "RedisClusterCache"),
+    "redis": ("shardkit.cache.redis", "RedisCache"),
+    "memcached": ("shardkit.cache.memcached", "MemcachedCache"),
 }
 _SCHEMES = {"redis": "redis", "rediss": "redis", "unix": "redis", "memcached": "memcached"}
 
 
-def _open(target: str | Any, *, asyncio: bool) -> Any:
+def open_kind(target: str | Any, classes: Mapping[str, tuple[str, str]], *, asyncio: bool) -> Any:
+    """The cache for a URL or a live client (of redis-py's asyncio API if ``asyncio``),
+    of the class ``classes`` names for its kind (``cluster``, ``redis``, ``memcached``;
+    ``memory://`` is the ``MemoryCache``). ``ConfigurationError`` for anything else."""
     if isinstance(target, str):
         if target.partition(":")[0].lower() in ("redis+cluster", "rediss+cluster"):
             kind = "cluster"
@@ -51,24 +47,24 @@ def _open(target: str | Any, *, asyncio: bool) -> Any:
                     "memory://, redis://, rediss://, unix://, redis+cluster:// or memcached://"
                 )
             kind = _SCHEMES[scheme]
-        return _class(kind, asyncio).from_url(target)
+        return _class(classes[kind]).from_url(target)
     module = type(target).__module__
     redis = "redis.asyncio" if asyncio else "redis"
     if module == f"{redis}.cluster":
-        return _class("cluster", asyncio)(target)
+        return _class(classes["cluster"])(target)
     if module.startswith(redis) and (asyncio or not module.startswith("redis.asyncio")):
-        return _class("redis", asyncio)(target)
+        return _class(classes["redis"])(target)
     if module.startswith("pymemcache"):
-        return _class("memcached", asyncio)(target)
+        return _class(classes["memcached"])(target)
     client = "a redis.asyncio" if asyncio else "a redis"
     raise ConfigurationError(
         f"a cache is a URL, {client} or pymemcache client, or a Cache, not {type(target).__name__}"
     )
 
 
-def _class(kind: str, asyncio: bool) -> Any:
-    module, sync, awaited = _KINDS[kind]
-    return getattr(importlib.import_module(module), awaited if asyncio else sync)
+def _class(where: tuple[str, str]) -> Any:
+    module, name = where
+    return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["Cache", "MemoryCache", "open_async_cache", "open_cache"]
+__all__ = ["CACHES", "Cache", "MemoryCache", "open_cache", "open_kind"]
