@@ -12,7 +12,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.pool import QueuePool
 
 from shardkit import metrics
-from shardkit._program import Blocking, run
+from shardkit._program import Blocking
 from shardkit.cache import Cache, open_cache
 from shardkit.counters import (
     BufferedCounter,
@@ -71,7 +71,7 @@ class Kit(KitCore[ShardedCounter, BufferedCounter, MonotonicCounter, IdAllocator
     def _tasks(self) -> Mapping[str, Any]:
         """The background tasks counters submit to the executor, by name (JSON args)."""
         return {
-            "flush": lambda args: run(scheduled_flush(self.settings, args), self.roles),
+            "flush": lambda args: self._carry_out(scheduled_flush(self.settings, args)),
             "flush_all": lambda args: self.flush_all(),
             TASK: lambda args: self.mapper.run_range(args["job"], args["range"]),
         }
@@ -116,7 +116,7 @@ class Kit(KitCore[ShardedCounter, BufferedCounter, MonotonicCounter, IdAllocator
         open)."""
         self.executor.close()
         self.settings.adjuster.close()
-        run(self._save_counters(), self.roles)
+        self._carry_out(self._save_counters())
         self.store.close()
         self.cache.close()
 

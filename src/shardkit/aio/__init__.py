@@ -89,11 +89,11 @@ class AsyncShardedCounter(ShardedCore, Awaiting):
         self.roles = ShardedRoles(roles.store, roles.cache, roles.adjuster, writes)
 
     async def _write_now(self, writes: Sequence[Write]) -> list[bool | ShardkitError]:
-        return await arun(self._write(writes), self.roles)
+        return await self._carry_out(self._write(writes))
 
     async def shards(self) -> int:
         """The current shard count, read from the store."""
-        return await arun(self._refresh_shards(), self.roles)
+        return await self._carry_out(self._refresh_shards())
 
 
 class AsyncBufferedCounter(BufferedCore, Awaiting):
@@ -171,7 +171,7 @@ class AsyncKit(
         self.executor = LoopExecutor(settings.cache, lambda n: settings.cache_key(n, "task"))
         self.executor.bind(
             {
-                "flush": lambda args: arun(scheduled_flush(settings, args), self.roles),
+                "flush": lambda args: self._carry_out(scheduled_flush(settings, args)),
                 "flush_all": lambda args: self.flush_all(),
             }
         )
@@ -192,7 +192,7 @@ class AsyncKit(
         then close the connections the kit opened."""
         await self.executor.close()
         await self.settings.adjuster.close()
-        await arun(self._save_counters(), self.roles)
+        await self._carry_out(self._save_counters())
         await self.store.close()
         closing = self.cache.close()
         if isinstance(closing, Awaitable):

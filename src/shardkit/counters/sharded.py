@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from shardkit import metrics
 from shardkit._combine import Combiner
-from shardkit._program import Blocking, Program, call, role, rule, run
+from shardkit._program import Blocking, Program, call, role, rule
 from shardkit.cache.base import Cache
 from shardkit.counters.adjuster import Adjuster
 from shardkit.counters.base import (
@@ -216,7 +216,6 @@ class ShardedCounter(ShardedCore, Blocking):
 
     def __init__(self, info: CounterInfo, settings: CounterSettings) -> None:
         super().__init__(info, settings, threading.local())
-        self._settings = settings
         # Concurrent writes from this process's threads share one statement, unless each
         # belongs to its caller's transaction.
         writes: Writes = (
@@ -228,12 +227,12 @@ class ShardedCounter(ShardedCore, Blocking):
         self.roles = ShardedRoles(roles.store, roles.cache, roles.adjuster, writes)
 
     def _write_now(self, writes: Sequence[Write]) -> list[bool | ShardkitError]:
-        return run(self._write(writes), self.roles)
+        return self._carry_out(self._write(writes))
 
     @property
     def shards(self) -> int:
         """The current shard count, read from the store."""
-        return run(self._refresh_shards(), self.roles)
+        return self._carry_out(self._refresh_shards())
 
 
 def value_key(options: Options, name: str) -> str:
