@@ -14,10 +14,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -70,6 +72,15 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     _pip("wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(ROOT))
     (built,) = out.glob("shardkit-*.whl")
+    return built
+
+
+@pytest.fixture(scope="session")
+def sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """shardkit's sdist, built from the working tree as a release builds it."""
+    out = tmp_path_factory.mktemp("sdist")
+    _run([sys.executable, "-m", "build", "--sdist", "--outdir", str(out), str(ROOT)])
+    (built,) = out.glob("shardkit-*.tar.gz")
     return built
 
 
@@ -233,6 +244,41 @@ def test_the_celery_extra_alone_runs_the_readme_map_on_a_real_worker(
         raise
     assert mapped["balances"] == {"10": ROWS}
     assert mapped["audit"] == [[mapped["job"], ROWS]]
+
+
+# What a working tree holds that no distribution may: caches, bytecode, databases, venvs.
+_ARTIFACT = re.compile(
+    r"(^|/)(__pycache__|\.pytest_cache|\.mypy_cache|\.ruff_cache|\.import_linter_cache"
+    r"|\.hypothesis|test-artifacts|\.venv[^/]*|dist|build)(/|$)|\.(pyc|db|db-wal|db-shm)$"
+)
+
+
+@pytest.mark.slow
+def test_the_sdist_rebuilds_and_its_wheel_alone_runs_the_demo(sdist: Path, tmp_path: Path) -> None:
+    """The sdist holds what a rebuild needs and no artifact of the working tree; the wheel
+    built from it, installed alone in a clean environment, runs ``shardkit demo``."""
+    with tarfile.open(sdist) as tar:
+        members = {name.partition("/")[2] for name in tar.getnames()}
+        tar.extractall(tmp_path, filter="data")
+    needed = {"pyproject.toml", "README.md", "LICENSE", "src/shardkit/py.typed"}
+    assert needed <= members
+    assert sorted(name for name in members if _ARTIFACT.search(name)) == []
+    wheels = tmp_path / "wheels"
+    unpacked = tmp_path / sdist.name.removesuffix(".tar.gz")
+    _run([sys.executable, "-m", "build", "--wheel", "--outdir", str(wheels), str(unpacked)])
+    (rebuilt,) = wheels.glob("shardkit-*.whl")
+    env = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", str(env)])
+    python = str(env / "bin" / "python")
+    _pip("--python", python, "install", "--quiet", str(rebuilt))
+    out = _run(
+        [str(env / "bin" / "shardkit"), "demo", "--writers", "1", "--seconds", "0.2", "--json"],
+        cwd=tmp_path,
+        env=environ(env),
+    )
+    demo = json.loads(out.splitlines()[-1])
+    assert demo["exact"] is True
+    assert [race["mode"] for race in demo["races"]] == ["naive", "sharded", "buffered"]
 
 
 def _required(requirement: Requirement, seen: set[tuple[str, frozenset[str]]]) -> None:
