@@ -214,8 +214,8 @@ def connect(
     ``shardkit.contrib.celery.CeleryExecutor``. ``secret`` (default
     ``$SHARDKIT_SECRET``) signs the pickled closures of mapping jobs. The ``options``
     (``prefix``, ``cache_ttl``, ``max_shards``, ``key_retention``, ``adjust_delay``) are
-    ``KitOptions``; a bad or unknown one raises ``ConfigurationError`` before anything is
-    opened.
+    ``KitOptions`` (the prefix's default: ``$SHARDKIT_PREFIX``, then ``shardkit_``); a
+    bad or unknown one raises ``ConfigurationError`` before anything is opened.
 
     A store given by URL keeps a connection open for each worker of a local executor,
     and one for the calling thread (at least 5); an ``Engine`` handed in keeps its own

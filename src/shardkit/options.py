@@ -4,6 +4,7 @@ setting (``PREFIX``, ``CACHE_TTL``, …)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any, TypedDict
 
@@ -12,10 +13,13 @@ from shardkit.validation import ADJUST_DELAY, check_kit_options
 
 
 class KitOptions(TypedDict, total=False):
-    """A kit's options; each one left out takes its value in ``DEFAULTS``."""
+    """A kit's options; each one left out takes its value in ``DEFAULTS`` (the prefix:
+    ``$SHARDKIT_PREFIX`` first)."""
 
     prefix: str
-    """Begins the names of the kit's tables: an identifier of at most 40 characters."""
+    """Begins the names of the kit's tables: an identifier of at most 40 characters.
+    Kits of one store with different prefixes share nothing (say, staging and
+    production in one database)."""
     cache_ttl: float
     """Seconds a cached value may live, the bound on a cached read's staleness (more
     than 0, at most 30 days)."""
@@ -39,14 +43,15 @@ DEFAULTS: KitOptions = {
 
 
 def kit_options(given: Mapping[str, Any]) -> KitOptions:
-    """Every option: those ``given`` over ``DEFAULTS``, checked. ``ConfigurationError``
+    """Every option: those ``given`` over ``$SHARDKIT_PREFIX`` and ``DEFAULTS``, checked. ``ConfigurationError``
     names an unknown option or the first bad value."""
     unknown = sorted(set(given) - set(DEFAULTS))
     if unknown:
         raise ConfigurationError(
             f"unknown option {unknown[0]!r}; the options are {', '.join(DEFAULTS)}"
         )
-    options: KitOptions = {**DEFAULTS, **given}  # type: ignore[typeddict-item]
+    prefix = os.environ.get("SHARDKIT_PREFIX") or DEFAULTS["prefix"]
+    options: KitOptions = {**DEFAULTS, "prefix": prefix, **given}  # type: ignore[typeddict-item]
     check_kit_options(**options)
     options["adjust_delay"] = float(options["adjust_delay"])
     return options

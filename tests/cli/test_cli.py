@@ -100,6 +100,14 @@ def test_store_and_cache_come_from_the_environment(sqlite_url: str, name: str) -
         assert kit.get(name).value(fresh=True) == 9
 
 
+def test_the_prefix_comes_from_the_environment(sqlite_url: str, name: str) -> None:
+    env = {"SHARDKIT_STORE": sqlite_url, "SHARDKIT_PREFIX": f"{PREFIX}cli_env_"}
+    result = CliRunner().invoke(main, ["incr", name, "--by", "4"], env=env)
+    assert result.exit_code == 0, result.stderr
+    with shardkit.connect(sqlite_url, prefix=f"{PREFIX}cli_env_") as kit:
+        assert kit.get(name).value(fresh=True) == 4
+
+
 def test_purge_keys(run, name: str) -> None:  # type: ignore[no-untyped-def]
     code, out, _ = run("purge-keys")
     assert code == 0

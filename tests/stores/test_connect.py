@@ -57,6 +57,21 @@ def test_defaults_come_from_the_environment(
         assert kit.get(name).value(fresh=True) == 2
 
 
+def test_the_prefix_comes_from_the_environment_unless_given(
+    monkeypatch: pytest.MonkeyPatch, sqlite_url: str, name: str
+) -> None:
+    monkeypatch.setenv("SHARDKIT_PREFIX", f"{PREFIX}env_")
+    with shardkit.connect(sqlite_url) as kit:
+        kit.sharded(name).incr(3)
+    with shardkit.connect(sqlite_url, prefix=f"{PREFIX}env_") as kit:
+        assert kit.get(name).value(fresh=True) == 3
+    with shardkit.connect(sqlite_url, prefix=PREFIX) as kit:  # given: the variable is not read
+        assert kit.values([name]) == {name: 0}
+    monkeypatch.setenv("SHARDKIT_PREFIX", "no spaces")
+    with pytest.raises(shardkit.ConfigurationError):
+        shardkit.connect(sqlite_url)
+
+
 def test_the_embedded_default_is_a_sqlite_file_and_the_memory_cache(
     monkeypatch: pytest.MonkeyPatch, tmp_path: object
 ) -> None:

@@ -148,7 +148,13 @@ class _Group(click.Group):
 @click.group(cls=_Group)
 @click.option("--store", envvar="SHARDKIT_STORE", help="Store URL [default: sqlite:///shardkit.db]")
 @click.option("--cache", envvar="SHARDKIT_CACHE", help="Cache URL [default: memory://]")
-@click.option("--prefix", default="shardkit_", show_default=True, help="Table name prefix.")
+@click.option(
+    "--prefix",
+    envvar="SHARDKIT_PREFIX",
+    default="shardkit_",
+    show_default=True,
+    help="Table name prefix.",
+)
 @click.version_option(shardkit.__version__, prog_name="shardkit")
 @click.pass_context
 def main(ctx: click.Context, store: str | None, cache: str | None, prefix: str) -> None:
