@@ -43,8 +43,8 @@ DEFAULTS: KitOptions = {
 
 
 def kit_options(given: Mapping[str, Any]) -> KitOptions:
-    """Every option: those ``given`` over ``$SHARDKIT_PREFIX`` and ``DEFAULTS``, checked. ``ConfigurationError``
-    names an unknown option or the first bad value."""
+    """Every option: those ``given`` over ``$SHARDKIT_PREFIX`` and ``DEFAULTS``, checked.
+    ``ConfigurationError`` names an unknown option or the first bad value."""
     unknown = sorted(set(given) - set(DEFAULTS))
     if unknown:
         raise ConfigurationError(

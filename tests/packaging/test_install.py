@@ -1,6 +1,6 @@
 """What a fresh install gets: each extra, installed alone from the working tree into a
-clean virtual environment (no test dependencies in it), runs its README example there
-against the real services (the scripts are in ``readme_examples/``). And what keeps a
+clean virtual environment (no test dependencies in it: Sybil alone, which runs the
+page), runs its page of the documentation there against the real services. And what keeps a
 fresh clone green when a dependency makes a new release: CI's pins cover everything the
 tests install, and a dependency's own deprecation warnings do not fail the tests.
 
@@ -11,18 +11,15 @@ its configured index (and honours ``PIP_CONSTRAINT``, as CI sets it).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
 import tarfile
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -31,22 +28,15 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from backends import (
-    CACHE_URLS,
-    CELERY_BROKERS,
-    PREFIX,
-    ROOT,
-    free_port,
-    require,
-    require_broker,
-    store_url_for,
-)
+from backends import CACHE_URLS, CELERY_BROKERS, PREFIX, ROOT, STORE_URLS
+from page_runs import drop_tables, names_of, run_page
 
-EXAMPLES = Path(__file__).resolve().parent / "readme_examples"
-DEADLINE = 120.0  # seconds a script or a worker's job may take, on a busy machine
-ROWS = 1000  # accounts the Celery worker's mapping job visits
+DEADLINE = 300.0  # seconds a build or an install may take, on a busy machine
+# What the pages name for the store and the cache (mapped to each extra's own here).
+POSTGRES = "postgresql+psycopg://localhost/app"
+REDIS_CACHE = "redis://localhost:6379/0"
 
-Venv = Callable[[str], Path]
+Venv = Callable[..., Path]
 
 
 def _run(command: list[str], **options: Any) -> str:
@@ -86,20 +76,23 @@ def sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Venv:
-    """``venv(extra)``: a virtual environment holding ``shardkit[extra]`` and what it
-    requires, nothing else (made once per session)."""
-    made: dict[str, Path] = {}
+    """``venv(extra, *also)``: a virtual environment holding ``shardkit[extra]`` and what
+    it requires, Sybil (which runs a page) and ``also``, nothing else (made once per
+    session)."""
+    made: dict[tuple[str, ...], Path] = {}
 
-    def make(extra: str) -> Path:
-        if extra not in made:
+    def make(extra: str, *also: str) -> Path:
+        key = (extra, *also)
+        if key not in made:
             path = tmp_path_factory.mktemp(f"venv-{extra}")
             _run([sys.executable, "-m", "venv", "--clear", "--without-pip", str(path)])
             python = str(path / "bin" / "python")
-            _pip("--python", python, "install", "--quiet", f"shardkit[{extra}] @ {wheel.as_uri()}")
+            wanted = [f"shardkit[{extra}] @ {wheel.as_uri()}", "sybil", *also]
+            _pip("--python", python, "install", "--quiet", *wanted)
             # Clean: the test dependencies (which bring packages of their own) are absent.
             _run([python, "-c", "import importlib.util as u; assert not u.find_spec('pytest')"])
-            made[extra] = path
-        return made[extra]
+            made[key] = path
+        return made[key]
 
     return make
 
@@ -123,18 +116,16 @@ def environ(venv: Path, **variables: str) -> dict[str, str]:
     }
 
 
-def run_json(
-    venv: Path, script: str, *args: str, cwd: Path, env: dict[str, str] | None = None
-) -> Any:
-    """Run ``script`` (in ``cwd``) with ``venv``'s Python (in ``environ(venv)`` unless
-    given ``env``); the JSON it printed last."""
-    out = _run([str(venv / "bin" / "python"), script, *args], cwd=cwd, env=env or environ(venv))
-    return json.loads(out.splitlines()[-1])
-
-
-def project(name: str, tmp_path: Path) -> Path:
-    """A copy of ``readme_examples/<name>`` to run in (it writes its database there)."""
-    return Path(shutil.copytree(EXAMPLES / name, tmp_path / name))
+def run_page_in(venv: Path, page: str, tmp_path: Path, **instead: str) -> None:
+    """Run ``page`` (a path in the repository) with ``venv``'s Python, in ``tmp_path``,
+    what it names mapped to the tests' own or to ``instead``'s."""
+    path, prefix = ROOT / page, f"{PREFIX}{uuid.uuid4().hex[:6]}_"
+    named = names_of(path, **instead)
+    try:
+        python = str(venv / "bin" / "python")
+        run_page(path, tmp_path, named, python, environ(venv, SHARDKIT_PREFIX=prefix))
+    finally:
+        drop_tables(named, prefix)
 
 
 @pytest.mark.slow
@@ -147,15 +138,16 @@ def project(name: str, tmp_path: Path) -> Path:
         ("memcached", "sqlite", "memcached"),
     ],
 )
-def test_each_driver_extra_alone_runs_the_readme_counters(
-    extra: str, store: str, cache: str, venv: Venv, sqlite_url: str, tmp_path: Path
+def test_each_driver_extra_alone_runs_the_getting_started_page(
+    extra: str, store: str, cache: str, venv: Venv, tmp_path: Path
 ) -> None:
-    store_url = store_url_for(store, sqlite_url)  # its tables are dropped with the session's
-    cache_url = CACHE_URLS[cache]
-    if cache != "memory":
-        require(cache_url)
-    counted = run_json(venv(extra), "counting.py", store_url, cache_url, PREFIX, cwd=EXAMPLES)
-    assert counted == {"value": 4, "fresh": 4, "repeated": False, "shards": 20, "hits": [4, 0]}
+    store_url = STORE_URLS[store] or "sqlite:///app.db"
+    run_page_in(
+        venv(extra),
+        "docs/getting-started.md",
+        tmp_path,
+        **{POSTGRES: store_url, REDIS_CACHE: CACHE_URLS[cache]},
+    )
 
 
 @pytest.mark.slow
@@ -167,83 +159,50 @@ def test_each_driver_extra_alone_runs_the_readme_counters(
         ("aio,mysql", "mysql", "memory"),
     ],
 )
-def test_the_aio_extra_runs_the_readme_async_example(
-    extras: str, store: str, cache: str, venv: Venv, sqlite_url: str
+def test_the_aio_extra_runs_the_asyncio_page(
+    extras: str, store: str, cache: str, venv: Venv, tmp_path: Path
 ) -> None:
-    store_url = store_url_for(store, sqlite_url)
-    cache_url = CACHE_URLS[cache]
-    if cache != "memory":
-        require(cache_url)
-    counted = run_json(
-        venv(extras), "counting_async.py", store_url, cache_url, PREFIX, cwd=EXAMPLES
+    store_url = STORE_URLS[store] or "sqlite:///app.db"
+    python = venv(extras, "fastapi", "httpx")  # the page's service, and its test client
+    run_page_in(
+        python,
+        "docs/integrations/asyncio.md",
+        tmp_path,
+        **{POSTGRES: store_url, REDIS_CACHE: CACHE_URLS[cache]},
     )
-    assert list(counted.pop("values").values()) == [15]
-    assert counted == {"value": 15, "fresh": 15, "repeated": False, "together": 10, "shards": 32}
 
 
 @pytest.mark.slow
-def test_the_django_extra_alone_migrates_and_counts_updates(venv: Venv, tmp_path: Path) -> None:
-    site, django = project("django_project", tmp_path), venv("django")
-    python = str(django / "bin" / "python")
-    _run([python, "manage.py", "migrate", "--verbosity", "0"], cwd=site, env=environ(django))
-    counted = run_json(django, "counting.py", cwd=site)
-    assert counted == {"views": 2, "likes": 4, "page": [["counted", 2]]}
+def test_the_django_extra_alone_runs_the_django_page(venv: Venv, tmp_path: Path) -> None:
+    run_page_in(
+        venv("django"), "docs/integrations/django.md", tmp_path, **{REDIS_CACHE: "memory://"}
+    )
 
 
 @pytest.mark.slow
-def test_the_metrics_and_dashboard_extras_alone_serve_both(venv: Venv, tmp_path: Path) -> None:
-    store = f"sqlite:///{tmp_path / 'app.db'}"
-    ports = [str(free_port()), str(free_port())]
-    served = run_json(
-        venv("metrics,dashboard"), "monitoring.py", store, PREFIX, *ports, cwd=EXAMPLES
+def test_the_metrics_and_dashboard_extras_alone_serve_the_operating_page(
+    venv: Venv, tmp_path: Path
+) -> None:
+    run_page_in(
+        venv("metrics,dashboard"), "docs/operating.md", tmp_path, **{POSTGRES: "sqlite:///app.db"}
     )
-    assert served == {"metric": True, "page": True, "counters": [["sharded", 3]]}
-
-
-@contextlib.contextmanager
-def celery_worker(venv: Path, cwd: Path, env: dict[str, str], log: Path) -> Iterator[None]:
-    """``celery -A proj worker`` of ``venv`` on the environment's queue, in a session of
-    its own; stopped (warm shutdown, then SIGKILL of the session) at the end."""
-    command = [str(venv / "bin" / "celery"), "-A", "proj", "worker", "-Q", env["README_QUEUE"]]
-    command += ["-n", f"{env['README_QUEUE']}@%h", "--loglevel", "INFO"]
-    with open(log, "wb") as out:
-        worker = subprocess.Popen(
-            command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    try:
-        yield
-    finally:
-        worker.send_signal(signal.SIGTERM)  # warm shutdown
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            worker.wait(DEADLINE)
-        with contextlib.suppress(ProcessLookupError):  # its pool, or itself if it hung
-            os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("broker", list(CELERY_BROKERS))
-def test_the_celery_extra_alone_runs_the_readme_map_on_a_real_worker(
+def test_the_celery_extra_alone_runs_the_celery_page_on_a_real_worker(
     broker: str, venv: Venv, tmp_path: Path
 ) -> None:
-    require_broker(CELERY_BROKERS[broker])
-    proj, celery = project("celery_project", tmp_path), venv("celery")
-    env = environ(
-        celery,
-        README_BROKER=CELERY_BROKERS[broker],
-        README_STORE=f"sqlite:///{tmp_path / 'app.db'}",
-        README_QUEUE=f"shardkit-readme-{uuid.uuid4().hex[:12]}",
+    run_page_in(
+        venv("celery"),
+        "docs/integrations/celery.md",
+        tmp_path,
+        **{
+            "redis://localhost:6379/1": CELERY_BROKERS[broker],
+            POSTGRES: "sqlite:///app.db",
+            REDIS_CACHE: "memory://",
+        },
     )
-    log = tmp_path / "worker.log"
-    try:
-        with celery_worker(celery, proj, env, log):
-            mapped = run_json(celery, "mapping.py", str(ROWS), str(DEADLINE), cwd=proj, env=env)
-    except BaseException:
-        print(f"--- worker ---\n{log.read_text(errors='replace')[-5000:]}")
-        raise
-    assert mapped["balances"] == {"10": ROWS}
-    assert mapped["audit"] == [[mapped["job"], ROWS]]
 
 
 # What a working tree holds that no distribution may: caches, bytecode, databases, venvs.

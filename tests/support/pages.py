@@ -54,20 +54,19 @@ def _write(example: Example) -> None:
 
 
 def _shell(example: Example) -> None:
-    namespace = example.document.namespace
-    done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", str(example.parsed)],
-        cwd=namespace["__workdir__"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise AssertionError(
-            f"{example.parsed.strip()!r} exited with {done.returncode}\n"
-            f"--- stdout ---\n{done.stdout[-3000:]}\n--- stderr ---\n{done.stderr[-3000:]}"
-        )
+    """A ``sh`` block: bash runs it; what it prints goes to a file, which a server it
+    leaves running in the background (``&``) may go on writing to."""
+    workdir = Path(example.document.namespace["__workdir__"])
+    with (workdir / ".sh-output").open("w+") as out:
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", str(example.parsed)],
+            cwd=workdir, stdout=out, stderr=subprocess.STDOUT, timeout=300, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            out.seek(0)
+            raise AssertionError(
+                f"{example.parsed.strip()!r} exited with {done.returncode}:\n{out.read()[-4000:]}"
+            )
 
 
 def _included(example: Example) -> None:
