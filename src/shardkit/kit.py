@@ -62,8 +62,11 @@ class Kit(KitCore[ShardedCounter, BufferedCounter, MonotonicCounter, IdAllocator
         self.settings = settings
         """The backends and settings the kit hands its counters."""
         self.store: Store = settings.store
+        """The store: the counters' truth (a ``SqlStore``'s ``engine`` is SQLAlchemy's)."""
         self.cache: Cache = settings.cache
+        """The cache: shared by the kit's processes, or in-process (``memory://``)."""
         self.executor = executor
+        """What runs the kit's background work: flushes, mapping jobs' ranges."""
         self._secret = secret
         self._mapper: Mapper | None = None
         executor.bind(self._tasks(), Marks(settings.cache, lambda n: settings.cache_key(n, "task")))

@@ -166,9 +166,12 @@ class AsyncKit(
         self.settings = settings
         """The backends and settings the kit hands its counters."""
         self.store: AsyncSqlStore = settings.store
+        """The store: the counters' truth, on SQLAlchemy's asyncio engine."""
         self.cache: Any = settings.cache
+        """The cache: shared by the kit's processes, or in-process (``memory://``)."""
         self._has_ledger = False
         self.executor = LoopExecutor(settings.cache, lambda n: settings.cache_key(n, "task"))
+        """Runs the kit's flushes as tasks of its event loop."""
         self.executor.bind(
             {
                 "flush": lambda args: self._carry_out(scheduled_flush(settings, args)),

@@ -143,11 +143,15 @@ class CounterCore:
     counter) if the name holds none."""
 
     kind: str
+    """The counter's kind: ``sharded``, ``buffered``, ``monotonic`` or ``ids``."""
     roles: CounterRoles
 
     def __init__(self, info: CounterInfo, options: Options) -> None:
         self.name = info.name
+        """The counter's name."""
         self.info = info
+        """Its configuration as the store holds it (``CounterInfo``): kind, shards,
+        incarnation."""
         self._options = options
         self.roles = options.roles
         self._looked_at = time.monotonic()

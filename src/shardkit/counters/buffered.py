@@ -111,10 +111,13 @@ class Parts(NamedTuple):
     """A buffered counter's value: what the store holds, and what waits in the cache."""
 
     stored: int
+    """What the store holds: every flushed increment."""
     pending: int
+    """What waits in the cache for the next flush."""
 
     @property
     def total(self) -> int:
+        """The counter's value: stored and pending together."""
         return self.stored + self.pending
 
 
@@ -150,6 +153,7 @@ class BufferedCore(CounterCore):
     ``BufferedCounter``). Its programs run on ``BufferedRoles``."""
 
     kind = "buffered"
+    """The counter's kind."""
     roles: BufferedRoles
 
     # The form's: what combines concurrent bumps of a side, and what runs a program.
@@ -166,7 +170,9 @@ class BufferedCore(CounterCore):
     ) -> None:
         super().__init__(info, options)
         self.interval = check_interval(interval)
+        """Seconds between flushes (at most one is scheduled per interval)."""
         self.stripes = check_stripes(stripes)
+        """Generations taking increments at once (on a Redis Cluster: one per primary)."""
         self._sides = [self._combiner(self._bumping(side)) for side in (0, 1)]
         roles = options.roles
         self.roles = BufferedRoles(

@@ -87,11 +87,13 @@ class IdCore(CounterCore):
     programs run on ``IdRoles``."""
 
     kind = "ids"
+    """The counter's kind."""
     roles: IdRoles
 
     def __init__(self, info: CounterInfo, options: Options, block: int) -> None:
         super().__init__(info, options)
         self.block = check_block(block)
+        """Ids reserved in the store at a time."""
         self._pointer_key = pointer_key(options, info)
         self._mark = 0  # the generation written to: its block ends at this id
         self._key = ""

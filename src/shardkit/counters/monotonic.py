@@ -35,6 +35,7 @@ class MonotonicCore(CounterCore):
     ``MonotonicCounter``); its programs run on ``CounterRoles``."""
 
     kind = "monotonic"
+    """The counter's kind."""
 
     def __init__(
         self,
@@ -45,7 +46,9 @@ class MonotonicCore(CounterCore):
     ) -> None:
         super().__init__(info, options)
         self.shards = info.shards
+        """Rows the value is persisted to (a random one each time)."""
         self.chance_to_write = check_chance(chance_to_write)
+        """The probability that an increment persists its value to the store."""
         self._random = random
         self._value_key = value_key(options, info)
 

@@ -61,6 +61,7 @@ class ShardedCore(CounterCore):
     """
 
     kind = "sharded"
+    """The counter's kind."""
     roles: ShardedRoles
 
     def __init__(self, info: CounterInfo, options: Options, local: Any) -> None:

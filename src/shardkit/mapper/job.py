@@ -43,18 +43,24 @@ class Batch:
     """
 
     records: list[Any]
+    """The page's rows, in key order, as read."""
     job: str
+    """The job's id."""
     range: str
+    """The id of the range the page belongs to."""
     _conn: Connection | None = None
 
     @functools.cached_property
     def rows(self) -> list[Any]:
+        """The page's rows as mappings (``row["id"]``; model instances for a queryset)."""
         if self.records and isinstance(self.records[0], Row):
             return [row._mapping for row in self.records]
         return self.records
 
     @property
     def conn(self) -> Connection:
+        """The transaction that commits the page's checkpoint (transactional jobs only:
+        ``ConfigurationError`` otherwise)."""
         if self._conn is None:
             raise ConfigurationError(
                 "batch.conn is given to transactional jobs only: kit.map(…, transactional=True)"
@@ -69,8 +75,11 @@ class Completion:
     failed (not complete) and ``Job.resume()`` runs it again."""
 
     job: str
+    """The job's id."""
     rows: int
+    """Rows the job visited."""
     conn: Connection
+    """The transaction that marks the job complete."""
 
 
 @role("finishes")
@@ -104,6 +113,7 @@ class JobCore:
         self._url = url  # the store's, for messages
         self._tables = tables
         self.id = job_id
+        """The job's id: ``kit.job(id)`` opens it from any process on the store."""
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id}>"

@@ -64,20 +64,33 @@ class JobStatus:
     """
 
     id: str
+    """The job's id."""
     state: str
+    """``running``, ``complete``, ``failed`` or ``cancelled``."""
     rows: int
+    """Rows visited so far."""
     estimate: int | None
+    """The source's row count when the job started."""
     pending: int
+    """Ranges queued or in flight."""
     done: int
+    """Ranges finished."""
     depth: int
+    """The deepest split so far."""
     pages: int
+    """Pages visited so far."""
     created_at: float
+    """When the job started (Unix time)."""
     finished_at: float | None
+    """When it finished, or None."""
     error: str | None
+    """Why it failed, or None."""
     failures: int = 0
+    """Failed attempts of its ranges."""
 
     @property
     def finished(self) -> bool:
+        """Whether the job has stopped (complete, failed or cancelled)."""
         return self.state in FINISHED
 
 
