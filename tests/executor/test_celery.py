@@ -189,7 +189,7 @@ def test_a_real_worker_runs_the_scheduled_flushes(
 def test_celery_beat_runs_flush_all_on_the_documented_schedule(
     config: Config, records: redis.Redis, workers: Workers, kits: list[shardkit.Kit], name: str
 ) -> None:
-    """A real ``celery beat`` on the README's schedule sends ``shardkit.flush_all``; a
+    """A real ``celery beat`` on the Celery page's schedule sends ``shardkit.flush_all``; a
     worker runs it, and it moves what a counter flushed hourly has pending."""
     counter = kits[0].buffered(name, interval=3600)  # its own flush is up to an hour away
     for _ in range(7):

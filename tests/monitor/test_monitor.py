@@ -29,6 +29,7 @@ import shardkit
 from backends import (
     CACHE_URLS,
     PREFIX,
+    ROOT,
     SUPPORT,
     Samples,
     free_port,
@@ -47,7 +48,7 @@ from shardkit.store.sql import SqlStore
 TOKEN = "a-token-long-enough"
 INT64_MAX = 2**63 - 1
 
-# The embedded default, and what the README recommends for production.
+# The embedded default, and what the deploying page recommends for production.
 SETUPS = {"sqlite-memory": ("sqlite", "memory"), "postgres-redis": ("postgres", "redis")}
 
 
@@ -462,3 +463,24 @@ def test_what_is_served_passes_promtool_and_every_series_starts_at_zero(
         [promtool, "check", "metrics"], input=served, capture_output=True, timeout=60
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
+    # The metrics reference names each of shardkit's with its type (prometheus_client's
+    # own and its ``_created`` gauges aside), and only metrics the package has.
+    lines = served.decode().splitlines()
+    types = dict(line.split()[2:4] for line in lines if line.startswith("# TYPE shardkit_"))
+    types = {metric: kind for metric, kind in types.items() if not metric.endswith("_created")}
+    documented = documented_metrics()
+    assert {metric: documented.get(metric) for metric in types} == types
+    source = "".join(path.read_text() for path in (ROOT / "src").rglob("*.py"))
+    assert [metric for metric in documented if metric.removesuffix("_total") not in source] == []
+
+
+def documented_metrics() -> dict[str, str]:
+    """The metrics reference's table: {metric: type}."""
+    text = (ROOT / "docs" / "reference" / "metrics.md").read_text(encoding="utf-8")
+    rows = text[text.index("| metric | type |") :].splitlines()[2:]
+    documented = {}
+    for row in itertools.takewhile(lambda line: line.startswith("|"), rows):
+        metrics, kind = (cell.strip() for cell in row.strip("|").split("|")[:2])
+        for metric in metrics.split(","):
+            documented[metric.strip().strip("`")] = kind
+    return documented

@@ -1,6 +1,6 @@
 """The documented monitoring, run with the real tools: a throwaway Prometheus (Debian's)
 scrapes ``shardkit metrics`` in a process of its own while an application in another does
-known work with known failures (``metered_work.py``); every PromQL query of the README is
+known work with known failures (``metered_work.py``); every PromQL query of the operating page is
 evaluated through Prometheus' HTTP API and its value checked against what was done. The
 Grafana dashboard holds exactly those queries, and the alert rules pass ``promtool`` and
 fire for the failures injected."""
@@ -49,8 +49,8 @@ Series = dict[frozenset[tuple[str, str]], float]
 
 
 def documented_queries() -> dict[str, str]:
-    """The README's table of Grafana panels: {panel: PromQL}."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    """The operating page's table of Grafana panels: {panel: PromQL}."""
+    text = (ROOT / "docs" / "operating.md").read_text(encoding="utf-8")
     lines = text[text.index("| panel | PromQL |") :].splitlines()[2:]
     queries = {}
     for line in lines:

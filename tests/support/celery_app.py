@@ -94,7 +94,7 @@ def make_app(config: Config) -> Celery:
             "unacked_restore_interval": 1,
             "unacked_restore_throttle": 1,
         },
-        # What the README's beat schedule is, every second (a ``celery beat`` a test
+        # What the Celery page's beat schedule is, every second (a ``celery beat`` a test
         # starts sends it; workers alone ignore it).
         beat_schedule={
             "shardkit-flush-all": {
