@@ -138,13 +138,13 @@ def run_page_in(venv: Path, page: str, tmp_path: Path, **instead: str) -> None:
         ("memcached", "sqlite", "memcached"),
     ],
 )
-def test_each_driver_extra_alone_runs_the_getting_started_page(
+def test_each_driver_extra_alone_runs_the_sharded_counters_guide(
     extra: str, store: str, cache: str, venv: Venv, tmp_path: Path
 ) -> None:
     store_url = STORE_URLS[store] or "sqlite:///app.db"
     run_page_in(
         venv(extra),
-        "docs/getting-started.md",
+        "docs/guides/sharded.md",
         tmp_path,
         **{POSTGRES: store_url, REDIS_CACHE: CACHE_URLS[cache]},
     )

@@ -8,11 +8,10 @@ The conventions the pages follow (``docs/`` and ``README.md``):
   (appended to, when a page writes it in parts) under the page's directory, where later
   blocks import it;
 * a ``sh`` block runs in bash (``set -e``) in the page's directory, and must succeed;
-* a block that only includes a file of the repository (``--8<-- "examples/…"``) is
-  tested where that file lives: here it must exist;
 * ``<!-- skip: next "why" -->`` leaves out the next block, saying why;
   ``<!-- invisible-code-block: python … -->`` is set-up the reader does not need to see;
-* ``text`` and ``console`` blocks show output or a synopsis: nothing to run.
+* ``text`` and ``console`` blocks show output or a synopsis: nothing to run; a block of
+  no language, or of another, is refused.
 
 The URLs a page names (``postgresql+psycopg://localhost/app``, ``redis://localhost:6379/0``,
 …) are replaced with the test services' before it runs: the same kinds of server, the
@@ -39,9 +38,7 @@ from sybil import Document, Example, Region, Sybil
 from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
 from sybil.parsers.markdown.lexers import RawFencedCodeBlockLexer
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository
 _INFO = re.compile(r'(?P<language>[\w-]+)(?:[ \t]+title="(?P<title>[^"]+)")?[ \t]*$\n', re.M)
-_INCLUDED = re.compile(r'\A--8<-- "(?P<path>[^"]+)"\s*\Z')
 _SHOWN = {"text", "console", "json", "yaml", "ini", "toml", "html"}  # nothing to run
 
 
@@ -69,21 +66,14 @@ def _shell(example: Example) -> None:
             )
 
 
-def _included(example: Example) -> None:
-    path = ROOT / _INCLUDED.match(str(example.parsed))["path"]  # type: ignore[index]
-    assert path.is_file(), f"the page includes {path}, which does not exist"
-
-
 def _blocks(document: Document) -> Iterable[Region]:
-    """Titled blocks, shell blocks and included files (plain ``python`` blocks are
-    Sybil's, but for an inclusion)."""
+    """Titled blocks and shell blocks (plain ``python`` blocks are Sybil's)."""
+    for region in RawFencedCodeBlockLexer()(document):  # no language
+        raise ValueError(f"{document.path}: a block of no language at {region.start}")
     for region in RawFencedCodeBlockLexer(_INFO)(document):
         language, title = region.lexemes["language"], region.lexemes["title"]
-        source = region.lexemes["source"]
-        region.parsed = source
-        if _INCLUDED.match(str(source)):
-            region.evaluator = _included
-        elif title:
+        region.parsed = region.lexemes["source"]
+        if title:
             region.evaluator = _write
         elif language == "sh":
             region.evaluator = _shell
@@ -94,15 +84,13 @@ def _blocks(document: Document) -> Iterable[Region]:
         yield region
 
 
-def _python(document: Document) -> Iterable[Region]:
-    """Sybil's python blocks (``>>>`` sessions compared), except titled ones and those
-    that only include a file."""
-    for region in PythonCodeBlockParser(doctest_optionflags=doctest.ELLIPSIS)(document):
-        if not _INCLUDED.match(str(region.parsed)):
-            yield region
-
-
-SYBIL = Sybil(parsers=[_python, _blocks, SkipParser()])
+SYBIL = Sybil(
+    parsers=[
+        PythonCodeBlockParser(doctest_optionflags=doctest.ELLIPSIS),  # ``>>>`` compared
+        _blocks,
+        SkipParser(),
+    ]
+)
 
 
 def run(page: Path, workdir: Path, named: Mapping[str, str]) -> None:
