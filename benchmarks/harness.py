@@ -22,13 +22,15 @@ def run_grid(
     threads: int = 1,
 ) -> None:
     """Call ``run(crew, writers, mode)`` ``repeat`` times for every writer count and mode,
-    modes interleaved within each repetition, one crew (of ``threads`` threads per
+    modes interleaved within each repetition, each repetition starting one mode further
+    on (every mode takes each place in turn), one crew (of ``threads`` threads per
     writer) per writer count."""
     each = "" if threads == 1 else f" x {threads} threads"
     for writers in writer_counts:
         with Crew(writers, threads) as crew:
             for number in range(repeat):
-                for mode in modes:
+                turn = number % len(modes)
+                for mode in modes[turn:] + modes[:turn]:
                     with console.status(f"{writers} writers{each}, {mode}, run {number + 1}…"):
                         run(crew, writers, mode)
 

@@ -291,6 +291,11 @@ class Cell:
         return median_phase(self.phases)
 
     @property
+    def cpu_per_op(self) -> float:
+        """Median CPU seconds the writer processes spent per acknowledged write."""
+        return statistics.median(phase.cpu_per_op for phase in self.phases)
+
+    @property
     def write_rate(self) -> float:
         """Median store writes per second of a counter's phases: every write its kits
         made, over the phase's length (the writers' mean time writing)."""
@@ -514,7 +519,14 @@ def results_table(
 ) -> Table:
     table = Table(title="One hot counter: acknowledged increments per second")
     bases = [m for m in ("naive", "upsert", "redis-incr") if m in modes]
-    columns = ["writers", "mode", "ops/s", *(f"vs {b}" for b in bases), "store writes/s"]
+    columns = [
+        "writers",
+        "mode",
+        "ops/s",
+        *(f"vs {b}" for b in bases),
+        "client CPU µs/write",
+        "store writes/s",
+    ]
     for column in [*columns, "exact"]:
         table.add_column(column, justify="left" if column == "mode" else "right")
     if repeat > 1:
@@ -533,6 +545,7 @@ def results_table(
                 mode,
                 f"{cell.rate:,.0f}",
                 *(ratio(cells, writers, mode, b) for b in bases),
+                f"{cell.cpu_per_op * 1e6:,.1f}",
                 writes,
                 "[green]✓[/]" if cell.exact else "[red]✗[/]",
             ]

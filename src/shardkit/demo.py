@@ -60,6 +60,9 @@ class Phase:
     """Acknowledged writes of each writer."""
     elapsed: tuple[float, ...]
     """Seconds each writer spent writing."""
+    cpu: tuple[float, ...] = ()
+    """CPU seconds each writer's process spent meanwhile, its background threads
+    included."""
 
     @property
     def ops(self) -> int:
@@ -69,6 +72,11 @@ class Phase:
     def rate(self) -> float:
         """Acknowledged writes per second: the sum of the writers' rates."""
         return sum(n / s for n, s in zip(self.counts, self.elapsed, strict=True))
+
+    @property
+    def cpu_per_op(self) -> float:
+        """The writers' CPU seconds per acknowledged write."""
+        return sum(self.cpu) / self.ops if self.ops else 0.0
 
 
 def _member(index: int, tasks: Any, reports: Any, start: Any) -> None:
@@ -87,10 +95,10 @@ def _member(index: int, tasks: Any, reports: Any, start: Any) -> None:
                 )
                 reports.put(("ready", index, 0, 0.0))
                 start.wait()
-                began = time.monotonic()
+                began, cpu = time.monotonic(), time.process_time()
                 _write_until(ops, counts, began + seconds)
-                elapsed = time.monotonic() - began
-            reports.put(("done", index, sum(counts), elapsed))
+                spent = (time.monotonic() - began, time.process_time() - cpu)
+            reports.put(("done", index, sum(counts), spent))
         except BaseException as exc:
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             reports.put(("error", index, sum(counts), detail))
@@ -176,7 +184,8 @@ class Crew:
         done = self._collect("done", seconds + _READY_TIMEOUT)
         return Phase(
             counts=tuple(int(done[i][0]) for i in range(self.writers)),
-            elapsed=tuple(float(done[i][1]) for i in range(self.writers)),
+            elapsed=tuple(float(done[i][1][0]) for i in range(self.writers)),
+            cpu=tuple(float(done[i][1][1]) for i in range(self.writers)),
         )
 
     def _collect(self, kind: str, timeout: float) -> dict[int, tuple[int, Any]]:
