@@ -26,10 +26,10 @@ from backends import (
     Target,
     _used_stores,
     cache_url_of,
+    drop_tables,
     store_url_for,
 )
 from shardkit.cache import Cache, open_cache
-from shardkit.mapper.tables import ledger_tables
 from shardkit.store import Store, open_store
 
 
@@ -61,11 +61,7 @@ def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="session", autouse=True)
 def _drop_session_tables() -> Iterator[None]:
     yield
-    for url in _used_stores:
-        store = open_store(url, prefix=PREFIX)
-        store.metadata.drop_all(store.engine)  # type: ignore[attr-defined]
-        ledger_tables(PREFIX).metadata.drop_all(store.engine)  # type: ignore[attr-defined]
-        store.close()
+    drop_tables(_used_stores, PREFIX)
 
 
 @pytest.fixture(params=list(STORE_URLS))

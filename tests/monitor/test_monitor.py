@@ -32,6 +32,7 @@ from backends import (
     ROOT,
     SUPPORT,
     Samples,
+    documented_table,
     free_port,
     numbered_table,
     require,
@@ -476,11 +477,8 @@ def test_what_is_served_passes_promtool_and_every_series_starts_at_zero(
 
 def documented_metrics() -> dict[str, str]:
     """The metrics reference's table: {metric: type}."""
-    text = (ROOT / "docs" / "reference" / "metrics.md").read_text(encoding="utf-8")
-    rows = text[text.index("| metric | type |") :].splitlines()[2:]
-    documented = {}
-    for row in itertools.takewhile(lambda line: line.startswith("|"), rows):
-        metrics, kind = (cell.strip() for cell in row.strip("|").split("|")[:2])
-        for metric in metrics.split(","):
-            documented[metric.strip().strip("`")] = kind
-    return documented
+    return {
+        metric.strip().strip("`"): kind
+        for metrics, kind, *_ in documented_table("docs/reference/metrics.md", "| metric | type |")
+        for metric in metrics.split(",")
+    }

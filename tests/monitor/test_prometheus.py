@@ -29,6 +29,7 @@ from backends import (
     ROOT,
     STORE_URLS,
     SUPPORT,
+    documented_table,
     free_port,
     numbered_table,
     require,
@@ -50,15 +51,8 @@ Series = dict[frozenset[tuple[str, str]], float]
 
 def documented_queries() -> dict[str, str]:
     """The operating page's table of Grafana panels: {panel: PromQL}."""
-    text = (ROOT / "docs" / "operating.md").read_text(encoding="utf-8")
-    lines = text[text.index("| panel | PromQL |") :].splitlines()[2:]
-    queries = {}
-    for line in lines:
-        if not line.startswith("|"):
-            break
-        panel, expr = (cell.strip() for cell in line.strip("|").split("|"))
-        queries[panel] = expr.strip("`")
-    return queries
+    rows = documented_table("docs/operating.md", "| panel | PromQL |")
+    return {panel: expr.strip("`") for panel, expr in rows}
 
 
 def test_the_grafana_dashboard_holds_the_documented_queries() -> None:

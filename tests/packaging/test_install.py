@@ -12,12 +12,10 @@ its configured index (and honours ``PIP_CONSTRAINT``, as CI sets it).
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 import tarfile
-import uuid
 import warnings
 from collections.abc import Callable
 from importlib import metadata
@@ -28,8 +26,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from backends import CACHE_URLS, CELERY_BROKERS, PREFIX, ROOT, STORE_URLS
-from page_runs import drop_tables, names_of, run_page
+from backends import CACHE_URLS, CELERY_BROKERS, ROOT, STORE_URLS
+from page_runs import environ, names_of, run_page
 
 DEADLINE = 300.0  # seconds a build or an install may take, on a busy machine
 # What the pages name for the store and the cache (mapped to each extra's own here).
@@ -97,35 +95,11 @@ def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Venv:
     return make
 
 
-def environ(venv: Path, **variables: str) -> dict[str, str]:
-    """The environment of a process of ``venv``: nothing of this session's Python path,
-    Django settings or shardkit configuration, and no user site-packages."""
-    dropped = ("PYTHONPATH", "PYTHONHOME", "DJANGO_SETTINGS_MODULE", "VIRTUAL_ENV")
-    inherited = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in dropped and not key.startswith("SHARDKIT_")
-    }
-    path = f"{venv / 'bin'}{os.pathsep}{inherited.get('PATH', '')}"
-    return {
-        **inherited,
-        "PATH": path,
-        "VIRTUAL_ENV": str(venv),
-        "PYTHONNOUSERSITE": "1",
-        **variables,
-    }
-
-
 def run_page_in(venv: Path, page: str, tmp_path: Path, **instead: str) -> None:
     """Run ``page`` (a path in the repository) with ``venv``'s Python, in ``tmp_path``,
     what it names mapped to the tests' own or to ``instead``'s."""
-    path, prefix = ROOT / page, f"{PREFIX}{uuid.uuid4().hex[:6]}_"
-    named = names_of(path, **instead)
-    try:
-        python = str(venv / "bin" / "python")
-        run_page(path, tmp_path, named, python, environ(venv, SHARDKIT_PREFIX=prefix))
-    finally:
-        drop_tables(named, prefix)
+    path = ROOT / page
+    run_page(path, tmp_path, names_of(path, **instead), venv)
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 import socket
 import sys
@@ -18,7 +19,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -30,6 +31,8 @@ import shardkit
 from shardkit.cache import open_cache
 from shardkit.cache.memory import MemoryCache
 from shardkit.errors import BackendError
+from shardkit.mapper.tables import ledger_tables
+from shardkit.store import open_store
 from shardkit.store.sql import SqlStore
 
 CI = os.environ.get("CI", "").lower() == "true"
@@ -270,3 +273,24 @@ def cache_url_of(request: pytest.FixtureRequest, kind: str) -> str:
     if url != "memory://":
         require(url)
     return url
+
+
+def drop_tables(urls: Iterable[str], prefix: str) -> None:
+    """Drop the tables kits made with ``prefix`` in the stores at ``urls`` (the
+    counters' and the mapper's ledger)."""
+    for url in urls:
+        store = open_store(url, prefix=prefix)
+        store.metadata.drop_all(store.engine)  # type: ignore[attr-defined]
+        ledger_tables(prefix).metadata.drop_all(store.engine)  # type: ignore[attr-defined]
+        store.close()
+
+
+def documented_table(page: str, header: str) -> list[list[str]]:
+    """The rows of the table of ``page`` (a path in the repository) whose header row
+    starts with ``header``: each a list of its cells, stripped."""
+    text = (ROOT / page).read_text(encoding="utf-8")
+    lines = text[text.index(header) :].splitlines()[2:]
+    return [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in itertools.takewhile(lambda line: line.startswith("|"), lines)
+    ]

@@ -16,18 +16,19 @@ import pytest
 from backends import (
     CACHE_URLS,
     CELERY_BROKERS,
+    PREFIX,
     ROOT,
     STORE_URLS,
+    drop_tables,
     free_port,
     require,
     require_broker,
 )
-from shardkit.mapper.tables import ledger_tables
-from shardkit.store import open_store
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 RUNNER = Path(__file__).resolve().parent / "pages.py"
 DEADLINE = 600.0  # seconds a page may take, on a busy machine
+SQL_SERVERS = ("postgresql", "mysql")  # where a page's tables outlive it
 
 # The servers the pages name, and the tests' own: the same kind of server, the tests'
 # database there.
@@ -64,32 +65,48 @@ def names_of(page: Path, **instead: str) -> dict[str, str]:
     }
 
 
-def run_page(
-    page: Path, workdir: Path, named: dict[str, str], python: str, env: dict[str, str]
-) -> None:
-    """Run ``page``'s blocks with ``python`` (which has shardkit and Sybil) in ``workdir``;
-    fail the test showing what it printed if a block fails. What the page started and
-    left running is killed."""
+def environ(venv: Path, **variables: str) -> dict[str, str]:
+    """The environment of a process of ``venv``: nothing of this session's Python path,
+    Django settings or shardkit configuration, and no user site-packages."""
+    dropped = ("PYTHONPATH", "PYTHONHOME", "DJANGO_SETTINGS_MODULE", "VIRTUAL_ENV")
+    inherited = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in dropped and not key.startswith("SHARDKIT_")
+    }
+    path = f"{venv / 'bin'}{os.pathsep}{inherited.get('PATH', '')}"
+    return {
+        **inherited,
+        "PATH": path,
+        "VIRTUAL_ENV": str(venv),
+        "PYTHONNOUSERSITE": "1",
+        **variables,
+    }
+
+
+def run_page(page: Path, workdir: Path, named: dict[str, str], venv: Path) -> None:
+    """Run ``page``'s blocks with ``venv``'s Python (which has shardkit and Sybil) in
+    ``workdir``, its kits' tables under a prefix of their own (dropped afterwards); fail
+    the test showing what it printed if a block fails. What the page started and left
+    running is killed."""
+    prefix = f"{PREFIX}{uuid.uuid4().hex[:6]}_"
+    env = environ(venv, SHARDKIT_PREFIX=prefix)
     log = workdir / ".output"  # a file: a process the page leaves running holds no pipe
-    with log.open("w") as out:
-        runner = subprocess.Popen(
-            [python, str(RUNNER), str(page), str(workdir), json.dumps(named)],
-            cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
     try:
-        runner.wait(DEADLINE)
+        with log.open("w") as out:
+            runner = subprocess.Popen(
+                [str(venv / "bin" / "python"), str(RUNNER), str(page), str(workdir),
+                 json.dumps(named)],
+                cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        try:
+            runner.wait(DEADLINE)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(runner.pid, signal.SIGKILL)
+            runner.wait()
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(runner.pid, signal.SIGKILL)
-        runner.wait()
+        drop_tables({used for used in named.values() if used.startswith(SQL_SERVERS)}, prefix)
     if runner.returncode != 0:
         pytest.fail(f"{page.name}:\n{log.read_text()[-8000:]}", pytrace=False)
-
-
-def drop_tables(named: dict[str, str], prefix: str) -> None:
-    """Drop the tables a page's kits made with ``prefix`` on the servers it used."""
-    for url in {used for used in named.values() if used.startswith(("postgresql", "mysql"))}:
-        store = open_store(url, prefix=prefix)
-        store.metadata.drop_all(store.engine)  # type: ignore[attr-defined]
-        ledger_tables(prefix).metadata.drop_all(store.engine)  # type: ignore[attr-defined]
-        store.close()
