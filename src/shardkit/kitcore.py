@@ -13,7 +13,7 @@ from typing import Any, Generic, TypeVar, cast
 from shardkit import metrics
 from shardkit._program import Program, call, rule
 from shardkit.cache import Cache
-from shardkit.counters.adjuster import Adjuster
+from shardkit.counters.adjuster import Adjusting
 from shardkit.counters.base import CounterCore, CounterRoles, Options, best_effort, log
 from shardkit.counters.buffered import BufferedCore, Parts, flush_counters, read_parts
 from shardkit.counters.buffered import forget as forget_buffered
@@ -289,7 +289,7 @@ class KitCore(Generic[_S, _B, _M, _I]):
         if opened is not None:
             opened._expire()
             stripes = max(stripes, getattr(opened, "stripes", 0))
-        yield from call(Adjuster.sync)
+        yield from call(Adjusting.sync)
         forgetting = _forget(self._options, deleted, stripes)
         yield from best_effort(self._options, _FORGETTING, forgetting)
         return deleted.info
@@ -333,7 +333,7 @@ class KitCore(Generic[_S, _B, _M, _I]):
         keys = {sharded_value_key(options, name): name for name in wanted}
         found: dict[str, int] = {}
         if not fresh:
-            yield from call(Adjuster.sync)  # this process's own writes are in what it reads
+            yield from call(Adjusting.sync)  # this process's own writes are in what it reads
             try:
                 cached = yield from call(Cache.get_many, list(keys))
             except ShardkitError:

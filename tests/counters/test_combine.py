@@ -12,7 +12,7 @@ import pytest
 import shardkit
 from backends import Target, wait_for
 from received import increments_received, row_writes
-from shardkit._combine import Combiner
+from shardkit._sync.combine import Combiner
 from shardkit.counters.buffered import Sides
 from shardkit.errors import BackendError, CounterOverflow
 from shardkit.validation import INT64_MAX

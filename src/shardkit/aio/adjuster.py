@@ -1,80 +1,110 @@
-"""The async kit's adjuster of cached values: ``AsyncAdjuster``."""
+"""The adjuster of cached values (see ``shardkit.counters.adjuster``) of an async kit,
+``AsyncAdjuster``, sending from a task of its event loop, and of a sync kit,
+``Adjuster``, sending from a thread: written once here, the thread form generated from
+it (``shardkit/_sync/adjuster.py``, by ``tools/generate_sync.py``)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import time
 from typing import Any
 
+from shardkit._concurrency import AsyncBackground, AsyncEvent, AsyncLock
 from shardkit._failures import FailureLog
+from shardkit._fork import reset_in_child
 from shardkit._program import arun, run
 from shardkit.counters.adjuster import SYNC_TIMEOUT, Sending, sending
 
 
 class AsyncAdjuster:
-    """``Adjuster``'s contract for an async kit: a task of the event loop sends what
-    has gathered, ``delay`` seconds after the first of it. ``add`` never waits;
-    ``sync()`` and ``close()`` are awaited. Belongs to the event loop it is first used
-    on."""
+    """Plays ``Adjusting``: gathers adjustments of cached values and sends them, every
+    key in one call, ``delay`` seconds after the first of them, from a routine of its
+    own (a task of the event loop it is first used on, or a thread), which ends when
+    nothing is left to send. ``add`` never waits; a sync or close cuts the delay short.
+
+    Safe for a process's threads (the thread form) or the coroutines of one event loop
+    (the async form). A forked child starts empty: its parent's adjustments are the
+    parent's to send.
+    """
 
     def __init__(self, cache: Any, failures: FailureLog, delay: float) -> None:
-        self._cache = cache  # an async cache, or the (never blocking) in-process one
+        self._cache = cache
         self._failures = failures
         self._delay = delay
         self._roles = Sending(cache)
+        self._reset()
+        reset_in_child(self, AsyncAdjuster._reset)
+
+    def _reset(self) -> None:
+        self._lock = AsyncLock()
         self._pending: dict[str, int] = {}
-        self._added = 0
-        self._sent = 0
-        self._hurry = asyncio.Event()  # a sync or close is waiting: send without the delay
-        self._changed = asyncio.Condition()
-        self._task: asyncio.Task[None] | None = None
+        self._added = 0  # adjustments added so far
+        self._sent = 0  # how many of them were sent (or dropped)
+        self._hurry = AsyncEvent()  # a sync or close waits: send without the delay
+        self._progress = AsyncEvent()  # set (and made anew) when a batch has been sent
+        self._closed = False
+        self._sender: AsyncBackground | None = None  # while something is left to send
 
     def add(self, key: str, delta: int) -> None:
         """Move the cached value under ``key`` (if present) by ``delta``: soon, or at
         once with an in-process cache."""
-        if not self._cache.shared:  # the in-process cache: it never blocks
+        if not self._cache.shared:  # in-process: sent at once, which never blocks
             run(sending(self._failures, {key: delta}), self._roles)
             return
-        self._pending[key] = self._pending.get(key, 0) + delta
-        self._added += 1
-        if self._task is None:
-            self._task = asyncio.create_task(self._run())
+        with self._lock:
+            self._pending[key] = self._pending.get(key, 0) + delta
+            self._added += 1
+            if self._sender is None:
+                self._sender = AsyncBackground(self._send_pending, "shardkit-adjuster")
 
     async def sync(self) -> None:
         """Wait until every adjustment added before this call has been sent or dropped
-        (at most a few seconds: then the cache is served as it is)."""
-        target = self._added
-        if self._sent < target:
-            self._hurry.set()
-            async with self._changed:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(
-                        self._changed.wait_for(lambda: self._sent >= target), SYNC_TIMEOUT
-                    )
+        (``SYNC_TIMEOUT`` seconds at most: then the cache is served as it is)."""
+        deadline = time.monotonic() + SYNC_TIMEOUT
+        with self._lock:
+            target = self._added
+            if self._sent < target:
+                self._hurry.set()
+        while True:
+            with self._lock:
+                if self._sent >= target:
+                    return
+                progress = self._progress
+            left = deadline - time.monotonic()
+            if left <= 0 or not await progress.wait(left):
+                return
 
     async def close(self) -> None:
-        """Send what is pending (waiting a few seconds at most). Idempotent."""
-        self._hurry.set()
-        if self._task is not None:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._task), SYNC_TIMEOUT)
+        """Send what is pending, without the delay (waiting ``SYNC_TIMEOUT`` seconds at
+        most). Idempotent; what is added afterwards is sent without the delay too."""
+        with self._lock:
+            self._closed = True
+            self._hurry.set()
+            sender = self._sender
+        if sender is not None:
+            await sender.join(SYNC_TIMEOUT)
 
-    async def _run(self) -> None:
-        while self._pending:
-            if not self._hurry.is_set():
-                with contextlib.suppress(asyncio.TimeoutError):  # a sync or close cuts it short
-                    await asyncio.wait_for(self._hurry.wait(), self._delay)
-            self._hurry.clear()
-            batch, self._pending = self._pending, {}
-            upto = self._added
-            await self._send(batch)
-            self._sent = upto
-            async with self._changed:
-                self._changed.notify_all()
-        self._task = None
-
-    async def _send(self, batch: dict[str, int]) -> None:
-        await arun(sending(self._failures, batch), self._roles)
+    async def _send_pending(self) -> None:
+        """The sender: each batch ``delay`` after the last, until nothing is left."""
+        try:
+            while True:
+                await self._hurry.wait(self._delay)  # a sync or close cuts it short
+                with self._lock:
+                    batch, self._pending = self._pending, {}
+                    upto = self._added
+                    if not self._closed:
+                        self._hurry.clear()
+                    if not batch:
+                        self._sender = None
+                        return
+                await arun(sending(self._failures, batch), self._roles)
+                with self._lock:
+                    self._sent = upto
+                    progress, self._progress = self._progress, AsyncEvent()
+                progress.set()
+        except BaseException:  # a cancelled task (its loop closing): the next add starts one
+            with self._lock:
+                self._sender = None
+            raise
 
 
 __all__ = ["AsyncAdjuster"]

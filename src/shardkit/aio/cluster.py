@@ -4,15 +4,15 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 from collections.abc import Callable
 from typing import Any
 
 from shardkit._program import Awaiting
-from shardkit.aio.redis import AsyncSentOnce
-from shardkit.cache.cluster import _WAIT_MS, ClusterCore, _Alone, _Commands, parse
-from shardkit.cache.redis import _INCR, _redis_module, _Sender
+from shardkit.aio.pipes import AsyncNodePipes
+from shardkit.aio.redis import Lent
+from shardkit.cache.cluster import ClusterCore, _Commands, parse
+from shardkit.cache.redis import _redis_module
 
 # Commands of an async cluster cache in flight at once; the others wait their turn. The
 # asyncio cluster client fails a command at once (MaxConnectionsError) when its node has
@@ -25,7 +25,7 @@ class _AsyncCommands(_Commands):
     first command: the commands sent once, to a node found from the map, read it first.
     At most ``_IN_FLIGHT`` commands are in flight; the others wait for one to end."""
 
-    def __init__(self, client: Any, sender: Callable[[str], _Sender]) -> None:
+    def __init__(self, client: Any, sender: Callable[[str], Any]) -> None:
         super().__init__(client, sender)
         self._slots = asyncio.Semaphore(_IN_FLIGHT)
 
@@ -58,16 +58,19 @@ class _AsyncCommands(_Commands):
             return await super().evalsha(sha, numkeys, *keys_and_args)
 
 
-class _AsyncNodePipes:
-    """``Replicas`` on an asyncio ``RedisCluster``: a client of each primary of our own,
-    with the cluster client's credentials (it lends no pipeline pinned to one node)."""
+class OwnNodes:
+    """``AsyncNodeClients`` of an asyncio ``RedisCluster``: a client of each primary of our
+    own, with the cluster client's credentials (it lends no pipeline pinned to one
+    node), each command on a connection ``Lent`` by its pool."""
 
     def __init__(self, client: Any) -> None:
         self._client = client
         self._nodes: dict[str, Any] = {}
-        self._alone = _Alone()
 
-    def _own(self, node: Any) -> Any:
+    async def ready(self) -> None:
+        await self._client.initialize()  # the map, if no command has read it yet
+
+    def client(self, node: Any) -> Any:
         own = self._nodes.get(node.name)
         if own is None:  # with every connection setting of the cluster client's
             import redis.asyncio
@@ -78,31 +81,10 @@ class _AsyncNodePipes:
             own = self._nodes[node.name] = redis.asyncio.Redis.from_pool(pool)  # owns it
         return own
 
-    def sender(self, key: str) -> AsyncSentOnce:
-        """Sends once to the primary of ``key``, on our client of it."""
-        return AsyncSentOnce(self._own(self._client.get_node_from_key(key)))
+    def lending(self, client: Any) -> Lent:
+        return Lent(client.connection_pool)
 
-    async def incr(self, key: str, delta: int) -> Any:
-        await self._client.initialize()  # the map, if no command has read it yet
-        node = self._client.get_node_from_key(key)
-        own = self._own(node)
-        waits = self._alone.waits(node.name)
-        async with own.pipeline(transaction=False) as pipe:
-            pipe.evalsha(_INCR.sha, 1, key, delta)
-            if waits:
-                pipe.wait(1, _WAIT_MS)
-            done = await pipe.execute()
-        if waits and not done[1]:
-            with contextlib.suppress(_redis_module().RedisError):  # the value is counted
-                self._alone.found(node.name, await own.execute_command("ROLE"))
-        return done[0]
-
-    async def refresh(self) -> None:
-        redis = _redis_module()
-        with contextlib.suppress(redis.RedisError, redis.exceptions.RedisClusterException):
-            await self._client.nodes_manager.initialize()
-
-    async def aclose(self) -> None:
+    async def close(self) -> None:
         for own in self._nodes.values():
             await own.aclose()
         self._nodes.clear()
@@ -122,12 +104,15 @@ class AsyncRedisClusterCache(ClusterCore, Awaiting):
         client = RedisCluster(**parse(url).client_options(ClusterNode))
         return cls(client, url=url, owns_client=True)
 
-    _pipes_of = _AsyncNodePipes
+    @staticmethod
+    def _pipes_of(client: Any) -> AsyncNodePipes:
+        return AsyncNodePipes(client, OwnNodes(client))
+
     _commands_of = _AsyncCommands
     _clock = asyncio
 
     async def close(self) -> None:
-        await self._pipes.aclose()
+        await self._pipes.close()
         if self._owns_client:
             await self._client.aclose()
 

@@ -1,87 +1,147 @@
-"""Combining for coroutines: ``AsyncCombiner``, ``shardkit._combine.Combiner``'s
-protocol (``Batches``) driven by a task of the event loop."""
+"""The combiner (``shardkit._combine``'s protocol) of the coroutines of one event loop,
+``AsyncCombiner``, and of threads, ``Combiner``: written once here, the thread form
+generated from it (``shardkit/_sync/combine.py``, by ``tools/generate_sync.py``)."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Generic, TypeVar
+from collections.abc import Sequence
+from typing import Generic, Protocol, TypeVar
 
 from shardkit._combine import Batches
+from shardkit._concurrency import AsyncEvent, AsyncLock, ashielded
+from shardkit._fork import reset_in_child
 from shardkit.errors import BackendError
 
 T = TypeVar("T")
 R = TypeVar("R")
+T_contra = TypeVar("T_contra", contravariant=True)
+R_co = TypeVar("R_co", covariant=True)
+
+
+class AsyncWrite(Protocol[T_contra, R_co]):
+    """A combiner's write: a batch of items in arrival order, one result per item (or
+    an error for the whole batch)."""
+
+    async def __call__(self, batch: Sequence[T_contra], /) -> Sequence[R_co]: ...
+
+
+class _Call(Generic[T, R]):
+    __slots__ = ("error", "item", "leads", "result", "woken")
+
+    def __init__(self, item: T) -> None:
+        self.item = item
+        self.result: R | None = None
+        self.error: BaseException | None = None
+        self.woken: AsyncEvent | None = None  # a queued call's: set when its batch is
+        # written, or when it is to lead the next
+        self.leads = False  # set (under the lock) when it is to lead the next batch
+
+    def outcome(self) -> R:
+        if self.error is not None:
+            raise self.error
+        return self.result  # type: ignore[return-value]
 
 
 class AsyncCombiner(Generic[T, R]):
-    """Combines concurrent calls from coroutines of one event loop: ``await
-    combiner(item)`` returns ``write``'s result for ``item``, as ``Combiner`` does for
-    threads (``write`` takes a batch, returns one result per item or raises for all).
+    """Combines concurrent calls: ``combiner(item)`` (awaited, in the async form)
+    returns ``write``'s result for ``item``; ``write`` takes a batch of items in arrival
+    order and returns one result per item, or raises for the whole batch (every caller
+    in it then raises that error: the write must be atomic, applying all of the batch or
+    none).
 
-    A batch is written by a task of its own, so cancelling a caller (or its timeout)
-    never interrupts a write half-way: a caller cancelled while its item is queued takes
-    it out (it is never written); one cancelled while its batch is being written leaves
-    the write to finish, and its item applies or not with the batch.
+    A batch's write is shielded from its callers' cancellation, so it never stops
+    half-way and the callers queued behind it always get their turn. A caller cancelled
+    (or interrupted) while its item is queued takes the item out: it is never written;
+    one cancelled while its batch is being written stops waiting, and its item applies
+    or not with the batch.
+
+    Safe for a process's threads (the thread form) or the coroutines of one event loop
+    (the async form); a forked child starts with no batch (its parent's are the
+    parent's).
     """
 
-    def __init__(self, write: Callable[[Sequence[T]], Awaitable[Sequence[R]]]) -> None:
+    def __init__(self, write: AsyncWrite[T, R]) -> None:
         self._write = write
-        self._batches: Batches[tuple[T, asyncio.Future[R]]] = Batches()
-        self._task: asyncio.Task[None] | None = None  # the task writing batches
-        # Done once the batch being written now is written (``settled``).
-        self._written: asyncio.Future[None] | None = None
+        self._reset()
+        reset_in_child(self, AsyncCombiner._reset)
+
+    def _reset(self) -> None:
+        self._lock = AsyncLock()
+        self._batches: Batches[_Call[T, R]] = Batches()
+        self._settle: AsyncEvent | None = None  # set once the batch being written is
 
     @property
     def waiting(self) -> int:
         """How many calls are queued for the next batch."""
-        return self._batches.waiting
+        with self._lock:
+            return self._batches.waiting
 
     async def settled(self) -> None:
         """Return once the batch being written now, if any, is written: its items, its
         cancelled callers' included, have then applied or failed."""
-        if self._written is not None:
-            await asyncio.shield(self._written)
+        with self._lock:
+            if not self._batches.busy:
+                return
+            if self._settle is None:
+                self._settle = AsyncEvent()
+            settle = self._settle
+        await settle.wait()
 
     async def __call__(self, item: T) -> R:
-        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        waiter = (item, future)
-        if self._batches.join(waiter):
-            self._task = asyncio.create_task(self._drain())
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            if not self._batches.leave(waiter):
-                # Being written: its outcome is nobody's now (an error is not logged).
-                future.add_done_callback(lambda done: done.cancelled() or done.exception())
-            raise
+        call: _Call[T, R] = _Call(item)
+        with self._lock:
+            leads = self._batches.join(call)  # nothing being written: it leads at once
+            if not leads:
+                woken = call.woken = AsyncEvent()
+        if not leads:
+            try:
+                await woken.wait()
+            except BaseException:
+                with self._lock:
+                    leads = call.leads
+                    if not leads and self._batches.leave(call):
+                        raise  # taken out: never written
+                if leads:  # its turn came: the batch goes on without it waiting
+                    await ashielded(self._lead)
+                raise
+            leads = call.leads
+        if leads:
+            await ashielded(self._lead)
+        return call.outcome()
 
-    async def _drain(self) -> None:
-        """Write the queued batches, one after another, until nobody waits."""
-        while True:
+    async def _lead(self) -> None:
+        """Write the queued calls' items as one batch, and give each its outcome."""
+        with self._lock:
             batch = self._batches.take()
-            if batch:
-                self._written = written = asyncio.get_running_loop().create_future()
-                try:
-                    results = await self._write([item for item, _ in batch])
-                except Exception as exc:
-                    for _, future in batch:
-                        future.set_exception(exc)
-                except BaseException:  # this task cancelled (the loop closing): fail all
-                    lost = BackendError("a combined write was interrupted")
-                    for _, future in batch + self._batches.take():
-                        future.set_exception(lost)
-                    self._batches.finish()
-                    raise
-                else:
-                    for (_, future), result in zip(batch, results, strict=True):
-                        future.set_result(result)
-                finally:
-                    self._written = None
-                    written.set_result(None)
-            if self._batches.finish() is None:
-                self._task = None
-                return
+        try:
+            results = await self._write([call.item for call in batch])
+            for call, result in zip(batch, results, strict=True):
+                call.result = result
+        except Exception as exc:
+            for call in batch:
+                call.error = exc
+        except BaseException as exc:  # KeyboardInterrupt, a cancelled loop: only the leader's
+            lost = BackendError(f"a combined write was interrupted ({type(exc).__name__})")
+            for call in batch:
+                call.error = lost
+            raise
+        finally:
+            self._hand_over()
+            for call in batch:
+                if call.woken is not None:
+                    call.woken.set()
+
+    def _hand_over(self) -> None:
+        """A batch is written: wake the first call queued meanwhile to lead the next."""
+        with self._lock:
+            settle, self._settle = self._settle, None
+            successor = self._batches.finish()
+            if successor is not None:
+                successor.leads = True
+        if settle is not None:
+            settle.set()
+        if successor is not None and successor.woken is not None:
+            successor.woken.set()
 
 
-__all__ = ["AsyncCombiner"]
+__all__ = ["AsyncCombiner", "AsyncWrite"]

@@ -5,25 +5,35 @@ from __future__ import annotations
 from typing import Any
 
 from shardkit._program import Awaiting
-from shardkit.cache.redis import RedisCore, RedisRoles, _client, _redis_module, _Sender
+from shardkit.aio.sent_once import AsyncSentOnce
+from shardkit.cache.redis import RedisCore, RedisRoles, _client, _redis_module
 
 # The connections an async cache opened by URL keeps at most (redis-py's default).
 _POOL = 100
 
 
-class AsyncSentOnce(_Sender):
-    """``_Sender`` of a ``redis.asyncio`` client: an increment goes on a connection
-    checked out of the client's pool for it (connected and checked by the pool), which
-    redis-py closes if the send or the read fails or is cancelled (a reply may be on its
-    way) before it goes back."""
+class Lent:
+    """``AsyncLending`` of a ``redis.asyncio`` client's connections: one is checked out
+    of the client's pool per command (connected and checked by the pool) and goes back
+    after it. Not held, as a sync client's are (``Held``): the pool of an async cache is
+    bounded (``_POOL``) and shared with the client's other commands, which would wait
+    for ever on connections held here."""
 
-    async def _once(self, *command: Any) -> Any:
-        conn = await self._pool.get_connection()
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+
+    async def take(self) -> Any:
+        return await self._pool.get_connection()
+
+    async def give(self, conn: Any, sound: bool) -> None:
         try:
-            await conn.send_command(*command)
-            return await conn.read_response()
+            if not sound:
+                await conn.disconnect()
         finally:
             await self._pool.release(conn)
+
+    def close(self) -> None:
+        return None
 
 
 class AsyncRedisCache(RedisCore, Awaiting):
@@ -32,7 +42,7 @@ class AsyncRedisCache(RedisCore, Awaiting):
 
     def __init__(self, client: Any, *, url: str | None = None, owns_client: bool = False):
         super().__init__(client, url=url, owns_client=owns_client)
-        self.roles = RedisRoles(AsyncSentOnce(client))
+        self.roles = RedisRoles(AsyncSentOnce(client, Lent(client.connection_pool)))
 
     @classmethod
     def from_url(cls, url: str) -> AsyncRedisCache:
@@ -50,4 +60,4 @@ class AsyncRedisCache(RedisCore, Awaiting):
             await self._client.aclose()
 
 
-__all__ = ["AsyncRedisCache", "AsyncSentOnce"]
+__all__ = ["AsyncRedisCache", "Lent"]

@@ -13,16 +13,16 @@ A primary acknowledges a write before its replicas have it, so a failover can br
 key back to an older value. For ``incr`` — what ids and monotonic values are handed out
 from — that would hand a value out twice: ``incr`` therefore returns only once a replica
 has the increment too (``WAIT``, in one pipeline with it on the primary's connection).
-If no replica acknowledges within ``_WAIT_MS`` the value is handed out then; a primary
+If no replica acknowledges within ``WAIT_MS`` the value is handed out then; a primary
 found with no replica at all (its replica was promoted, or is down) is written to
-without waiting for the next ``_ALONE`` seconds: with no replica, no failover can bring
-an older value back. (A replica that lags more than ``_WAIT_MS`` and is then promoted
+without waiting for the next ``ALONE`` seconds: with no replica, no failover can bring
+an older value back (both in ``shardkit.aio.pipes``, where ``Replicas`` is played). (A
+replica that lags more than ``WAIT_MS`` and is then promoted
 could: a documented limit.)
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -32,22 +32,18 @@ from urllib.parse import unquote
 
 from shardkit import _urls
 from shardkit._program import Blocking, Clock, Program, call, role, rule
+from shardkit._sync.pipes import NodePipes
 from shardkit.cache.redis import (
     _INCR,
     _INCR_MANY,
     Client,
+    Held,
     RedisCore,
     RedisRoles,
-    SentOnce,
     _redis_module,
-    _Sender,
 )
 from shardkit.errors import BackendError, BackendUnavailable, ConfigurationError
 
-# How long an increment waits for a replica to acknowledge it; for how long a primary
-# whose replica did not is written to without waiting.
-_WAIT_MS = 500
-_ALONE = 5.0
 # How long an increment is retried while the cluster fails over (a replica is promoted
 # once the others have missed its primary for cluster-node-timeout, and voted).
 _FAILOVER = 15.0
@@ -117,7 +113,7 @@ class _Commands:
     (first) key by ``sender`` — the cluster client would send one whose connection
     failed again, to the same node or, having read the map again, to another."""
 
-    def __init__(self, client: Any, sender: Callable[[str], _Sender]) -> None:
+    def __init__(self, client: Any, sender: Callable[[str], Any]) -> None:
         self._client = client
         self._sender = sender
 
@@ -142,7 +138,7 @@ class ClusterCore(RedisCore):
     # Each form's: what sends a key's increments to its primary, what sends the other
     # commands, and what waits.
     _pipes_of: Callable[[Any], Any]
-    _commands_of: Callable[[Any, Callable[[str], _Sender]], Any]
+    _commands_of: Callable[[Any, Callable[[str], Any]], Any]
     _clock: Clock
 
     def __init__(self, client: Any, *, url: str | None = None, owns_client: bool = False):
@@ -243,66 +239,24 @@ class ClusterCore(RedisCore):
             yield from call(Replicas.refresh)
 
 
-class _Alone:
-    """The primaries found with no replica (``ROLE``) after a write no replica
-    acknowledged within ``_WAIT_MS``: for ``_ALONE`` seconds their writes are not waited
-    for (each would wait the whole timeout, and a primary with no replica cannot be
-    replaced by a stale one). A primary whose replica lags is waited for all the same."""
-
-    def __init__(self) -> None:
-        self._until: dict[str, float] = {}
-
-    def waits(self, node: str) -> bool:
-        return self._until.get(node, 0.0) <= time.monotonic()
-
-    def found(self, node: str, role: Any) -> None:
-        """``ROLE``'s answer of ``node``, asked after a write no replica acknowledged."""
-        if not role[2]:  # a primary's ROLE lists its replicas third
-            self._until[node] = time.monotonic() + _ALONE
-
-
-class _NodePipes:
-    """``Replicas`` on a sync ``RedisCluster``: each node's own client, from redis-py."""
+class Nodes:
+    """``NodeClients`` of a sync ``RedisCluster``: each node's own client, from redis-py, its
+    connections ``Held`` by the senders."""
 
     def __init__(self, client: Any) -> None:
         self._client = client
-        self._alone = _Alone()
-        self._senders: dict[str, SentOnce] = {}  # by node
 
-    def sender(self, key: str) -> SentOnce:
-        """Sends once to the primary of ``key``, on the node's own client."""
-        node = self._client.get_node_from_key(key)
-        own = self._client.get_redis_connection(node)
-        sender = self._senders.get(node.name)
-        if sender is None or sender.client is not own:  # new, or made again by redis-py
-            if sender is not None:
-                sender.close()
-            sender = self._senders[node.name] = SentOnce(own)
-        return sender
+    def ready(self) -> None:
+        return None  # the client read the map when it was made
+
+    def client(self, node: Any) -> Any:
+        return self._client.get_redis_connection(node)
+
+    def lending(self, client: Any) -> Held:
+        return Held(client.connection_pool)
 
     def close(self) -> None:
-        for sender in self._senders.values():
-            sender.close()
-        self._senders.clear()
-
-    def incr(self, key: str, delta: int) -> Any:
-        node = self._client.get_node_from_key(key)
-        pipe = self._client.get_redis_connection(node).pipeline(transaction=False)
-        pipe.evalsha(_INCR.sha, 1, key, delta)
-        waits = self._alone.waits(node.name)
-        if waits:
-            pipe.wait(1, _WAIT_MS)
-        done = pipe.execute()
-        if waits and not done[1]:
-            with contextlib.suppress(_redis_module().RedisError):  # the value is counted
-                role = self._client.get_redis_connection(node).execute_command("ROLE")
-                self._alone.found(node.name, role)
-        return done[0]
-
-    def refresh(self) -> None:
-        redis = _redis_module()
-        with contextlib.suppress(redis.RedisError, redis.exceptions.RedisClusterException):
-            self._client.nodes_manager.initialize()
+        return None  # the cluster client's own
 
 
 class RedisClusterCache(ClusterCore, Blocking):
@@ -327,7 +281,10 @@ class RedisClusterCache(ClusterCore, Blocking):
             ) from exc
         return cls(client, url=url, owns_client=True)
 
-    _pipes_of = _NodePipes
+    @staticmethod
+    def _pipes_of(client: Any) -> NodePipes:
+        return NodePipes(client, Nodes(client))
+
     _commands_of = _Commands
     _clock = time
 

@@ -14,8 +14,9 @@ from typing import Any, ClassVar
 
 from shardkit._failures import FailureLog
 from shardkit._program import Call, Program, Roles, call
+from shardkit._sync.adjuster import Adjuster
 from shardkit.cache.base import Cache, Placed
-from shardkit.counters.adjuster import Adjuster
+from shardkit.counters.adjuster import Adjusting
 from shardkit.errors import BackendError, CounterKindMismatch, CounterNotFound
 from shardkit.options import DEFAULTS
 from shardkit.store.base import CounterInfo, Store
@@ -85,7 +86,7 @@ class CounterRoles(Roles):
 
     store: Store
     cache: Cache
-    adjuster: Adjuster
+    adjuster: Adjusting
     """Where sharded writes leave their adjustments of cached values."""
 
 

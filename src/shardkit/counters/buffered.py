@@ -51,8 +51,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from shardkit import metrics
-from shardkit._combine import Combiner
 from shardkit._program import Blocking, Program, call, role, rule
+from shardkit._sync.combine import Combiner
 from shardkit.cache.base import Cache
 from shardkit.counters.base import (
     CounterCore,

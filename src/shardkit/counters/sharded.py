@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from shardkit import metrics
-from shardkit._combine import Combiner
 from shardkit._program import Blocking, Program, call, role, rule
+from shardkit._sync.combine import Combiner
 from shardkit.cache.base import Cache
-from shardkit.counters.adjuster import Adjuster
+from shardkit.counters.adjuster import Adjusting
 from shardkit.counters.base import (
     CounterCore,
     CounterRoles,
@@ -126,7 +126,7 @@ class ShardedCore(CounterCore):
         applied = yield from call(Store.add_many, self.name, shard, writes)
         moved = sum(delta for (delta, _), ok in zip(writes, applied, strict=True) if ok)
         if moved:
-            yield from call(Adjuster.add, self._value_key, moved)
+            yield from call(Adjusting.add, self._value_key, moved)
         return list(applied)
 
     def _refresh_shards(self) -> Program[int]:
@@ -144,7 +144,7 @@ class ShardedCore(CounterCore):
         """Note that a statement of the caller's own has added ``delta`` to this counter's
         shard rows (the Django app's counting updates write them in the statement that
         finds the objects): its cached value is moved as an increment's would be."""
-        yield from call(Adjuster.add, self._value_key, check_delta(delta))
+        yield from call(Adjusting.add, self._value_key, check_delta(delta))
 
     @rule
     def grow(self, shards: int) -> Program[int]:
@@ -165,7 +165,7 @@ class ShardedCore(CounterCore):
         """The counter's value: cached (stale by at most ``cache_ttl``) unless ``fresh``."""
         options = self._options
         if not fresh:
-            yield from call(Adjuster.sync)  # this process's own writes are in what it reads
+            yield from call(Adjusting.sync)  # this process's own writes are in what it reads
             try:
                 cached = yield from call(Cache.get, self._value_key)
             except BackendError as exc:

@@ -1,0 +1,111 @@
+# Generated from shardkit/aio/adjuster.py by tools/generate_sync.py: edit that one.
+"""The adjuster of cached values (see ``shardkit.counters.adjuster``) of an async kit,
+``AsyncAdjuster``, sending from a task of its event loop, and of a sync kit,
+``Adjuster``, sending from a thread: written once here, the thread form generated from
+it (``shardkit/_sync/adjuster.py``, by ``tools/generate_sync.py``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from shardkit._concurrency import Background, Event, Lock
+from shardkit._failures import FailureLog
+from shardkit._fork import reset_in_child
+from shardkit._program import run
+from shardkit.counters.adjuster import SYNC_TIMEOUT, Sending, sending
+
+
+class Adjuster:
+    """Plays ``Adjusting``: gathers adjustments of cached values and sends them, every
+    key in one call, ``delay`` seconds after the first of them, from a routine of its
+    own (a task of the event loop it is first used on, or a thread), which ends when
+    nothing is left to send. ``add`` never waits; a sync or close cuts the delay short.
+
+    Safe for a process's threads (the thread form) or the coroutines of one event loop
+    (the async form). A forked child starts empty: its parent's adjustments are the
+    parent's to send.
+    """
+
+    def __init__(self, cache: Any, failures: FailureLog, delay: float) -> None:
+        self._cache = cache
+        self._failures = failures
+        self._delay = delay
+        self._roles = Sending(cache)
+        self._reset()
+        reset_in_child(self, Adjuster._reset)
+
+    def _reset(self) -> None:
+        self._lock = Lock()
+        self._pending: dict[str, int] = {}
+        self._added = 0  # adjustments added so far
+        self._sent = 0  # how many of them were sent (or dropped)
+        self._hurry = Event()  # a sync or close waits: send without the delay
+        self._progress = Event()  # set (and made anew) when a batch has been sent
+        self._closed = False
+        self._sender: Background | None = None  # while something is left to send
+
+    def add(self, key: str, delta: int) -> None:
+        """Move the cached value under ``key`` (if present) by ``delta``: soon, or at
+        once with an in-process cache."""
+        if not self._cache.shared:  # in-process: sent at once, which never blocks
+            run(sending(self._failures, {key: delta}), self._roles)
+            return
+        with self._lock:
+            self._pending[key] = self._pending.get(key, 0) + delta
+            self._added += 1
+            if self._sender is None:
+                self._sender = Background(self._send_pending, "shardkit-adjuster")
+
+    def sync(self) -> None:
+        """Wait until every adjustment added before this call has been sent or dropped
+        (``SYNC_TIMEOUT`` seconds at most: then the cache is served as it is)."""
+        deadline = time.monotonic() + SYNC_TIMEOUT
+        with self._lock:
+            target = self._added
+            if self._sent < target:
+                self._hurry.set()
+        while True:
+            with self._lock:
+                if self._sent >= target:
+                    return
+                progress = self._progress
+            left = deadline - time.monotonic()
+            if left <= 0 or not progress.wait(left):
+                return
+
+    def close(self) -> None:
+        """Send what is pending, without the delay (waiting ``SYNC_TIMEOUT`` seconds at
+        most). Idempotent; what is added afterwards is sent without the delay too."""
+        with self._lock:
+            self._closed = True
+            self._hurry.set()
+            sender = self._sender
+        if sender is not None:
+            sender.join(SYNC_TIMEOUT)
+
+    def _send_pending(self) -> None:
+        """The sender: each batch ``delay`` after the last, until nothing is left."""
+        try:
+            while True:
+                self._hurry.wait(self._delay)  # a sync or close cuts it short
+                with self._lock:
+                    batch, self._pending = self._pending, {}
+                    upto = self._added
+                    if not self._closed:
+                        self._hurry.clear()
+                    if not batch:
+                        self._sender = None
+                        return
+                run(sending(self._failures, batch), self._roles)
+                with self._lock:
+                    self._sent = upto
+                    progress, self._progress = self._progress, Event()
+                progress.set()
+        except BaseException:  # a cancelled task (its loop closing): the next add starts one
+            with self._lock:
+                self._sender = None
+            raise
+
+
+__all__ = ["Adjuster"]

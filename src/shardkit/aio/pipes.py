@@ -1,0 +1,105 @@
+"""``Replicas`` on a Redis Cluster client: ``AsyncNodePipes`` on ``redis.asyncio``'s,
+``NodePipes`` on redis-py's sync one; written once here, the sync form generated from it
+(``shardkit/_sync/pipes.py``, by ``tools/generate_sync.py``). See
+``shardkit.cache.cluster`` for why an increment waits for a replica."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Protocol
+
+from shardkit.aio.sent_once import AsyncLending, AsyncSentOnce
+from shardkit.cache.redis import _INCR, _redis_module
+
+# How long an increment waits for a replica to acknowledge it; for how long a primary
+# whose replica did not is written to without waiting.
+WAIT_MS = 500
+ALONE = 5.0
+
+
+class Alone:
+    """The primaries found with no replica (``ROLE``) after a write no replica
+    acknowledged within ``WAIT_MS``: for ``ALONE`` seconds their writes are not waited
+    for (each would wait the whole timeout, and a primary with no replica cannot be
+    replaced by a stale one). A primary whose replica lags is waited for all the same."""
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+
+    def waits(self, node: str) -> bool:
+        return self._until.get(node, 0.0) <= time.monotonic()
+
+    def found(self, node: str, role: Any) -> None:
+        """``ROLE``'s answer of ``node``, asked after a write no replica acknowledged."""
+        if not role[2]:  # a primary's ROLE lists its replicas third
+            self._until[node] = time.monotonic() + ALONE
+
+
+class AsyncNodeClients(Protocol):
+    """A cluster client's nodes, each as a client of its own: the form's choice
+    (``shardkit.cache.cluster.Nodes``, ``shardkit.aio.cluster.OwnNodes``)."""
+
+    async def ready(self) -> None:
+        """Read the cluster's map, if no command has read it yet."""
+
+    def client(self, node: Any) -> Any:
+        """A client of ``node`` alone."""
+
+    def lending(self, client: Any) -> AsyncLending:
+        """Where a sender on ``client`` takes its connections from."""
+
+    async def close(self) -> None:
+        """Close the clients made here."""
+
+
+class AsyncNodePipes:
+    """Plays ``Replicas`` on a cluster ``client``: an increment and its ``WAIT`` in one
+    pipeline on the key's primary, and the increments sent once (``sender``), on the
+    clients of ``nodes``."""
+
+    def __init__(self, client: Any, nodes: AsyncNodeClients) -> None:
+        self._client = client
+        self._nodes = nodes
+        self._alone = Alone()
+        self._senders: dict[str, AsyncSentOnce] = {}  # by node
+
+    def sender(self, key: str) -> AsyncSentOnce:
+        """Sends once to the primary of ``key``."""
+        node = self._client.get_node_from_key(key)
+        own = self._nodes.client(node)
+        sender = self._senders.get(node.name)
+        if sender is None or sender.client is not own:  # new, or made again by redis-py
+            if sender is not None:
+                sender.close()
+            sender = self._senders[node.name] = AsyncSentOnce(own, self._nodes.lending(own))
+        return sender
+
+    async def incr(self, key: str, delta: int) -> Any:
+        await self._nodes.ready()
+        node = self._client.get_node_from_key(key)
+        own = self._nodes.client(node)
+        waits = self._alone.waits(node.name)
+        async with own.pipeline(transaction=False) as pipe:
+            pipe.evalsha(_INCR.sha, 1, key, delta)
+            if waits:
+                pipe.wait(1, WAIT_MS)
+            done = await pipe.execute()
+        if waits and not done[1]:
+            with contextlib.suppress(_redis_module().RedisError):  # the value is counted
+                self._alone.found(node.name, await own.execute_command("ROLE"))
+        return done[0]
+
+    async def refresh(self) -> None:
+        redis = _redis_module()
+        with contextlib.suppress(redis.RedisError, redis.exceptions.RedisClusterException):
+            await self._client.nodes_manager.initialize()
+
+    async def close(self) -> None:
+        for sender in self._senders.values():
+            sender.close()
+        self._senders.clear()
+        await self._nodes.close()
+
+
+__all__ = ["AsyncNodeClients", "AsyncNodePipes"]
