@@ -29,7 +29,7 @@ from shardkit.errors import (
     ConfigurationError,
     StoreNotFound,
 )
-from shardkit.executor import Executor, LocalExecutor, Marks
+from shardkit.executor import Executor, LocalExecutor
 from shardkit.kitcore import DEFAULT_CACHE, DEFAULT_STORE, KitCore
 from shardkit.mapper import TASK
 from shardkit.options import KitOptions, counter_options, kit_options
@@ -69,7 +69,7 @@ class Kit(KitCore[ShardedCounter, BufferedCounter, MonotonicCounter, IdAllocator
         """What runs the kit's background work: flushes, mapping jobs' ranges."""
         self._secret = secret
         self._mapper: Mapper | None = None
-        executor.bind(self._tasks(), Marks(settings.cache, lambda n: settings.cache_key(n, "task")))
+        executor.bind(self._tasks(), settings.marks)
 
     def _tasks(self) -> Mapping[str, Any]:
         """The background tasks counters submit to the executor, by name (JSON args)."""

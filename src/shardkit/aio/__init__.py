@@ -170,7 +170,7 @@ class AsyncKit(
         self.cache: Any = settings.cache
         """The cache: shared by the kit's processes, or in-process (``memory://``)."""
         self._has_ledger = False
-        self.executor = LoopExecutor(settings.cache, lambda n: settings.cache_key(n, "task"))
+        self.executor = LoopExecutor(settings.marks)
         """Runs the kit's flushes as tasks of its event loop."""
         self.executor.bind(
             {

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from shardkit._failures import FailureLog
-from shardkit.executor.base import Timing, When
+from shardkit.executor.base import Marks, Timing, When, reported
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -34,9 +34,8 @@ class LoopExecutor:
 
     url = "loop://"
 
-    def __init__(self, cache: Any, key: Callable[[str], str]) -> None:
-        self._cache = cache
-        self._key = key  # a mark's name -> its cache key
+    def __init__(self, marks: Marks) -> None:
+        self._marks = marks
         self._tasks: Mapping[str, AsyncTask] = {}
         self._delayed: dict[int, tuple[asyncio.TimerHandle, _Entry]] = {}
         self._numbers = itertools.count()
@@ -57,8 +56,8 @@ class LoopExecutor:
         self, task: str, args: Mapping[str, Any], delay: float, dedupe: str | None, window: float
     ) -> bool:
         if dedupe is not None:
-            claimed = self._cache.add(self._key(dedupe), 1, delay + window)
-            if inspect.isawaitable(claimed):
+            claimed: Any = self._marks.claim(dedupe, delay + window)
+            if inspect.isawaitable(claimed):  # (the in-process cache answers at once)
                 claimed = await claimed
             if not claimed:
                 return False
@@ -77,12 +76,8 @@ class LoopExecutor:
         running.add_done_callback(self._running.discard)
 
     async def _run(self, task: str, args: Mapping[str, Any]) -> None:
-        try:
+        with reported(self._failures, task, args):
             await self._tasks[task](args)
-        except Exception as exc:  # in a task of the loop, nobody else would see it
-            self._failures.failed(task, "background task %s%s failed: %s", task, dict(args), exc)
-        else:
-            self._failures.worked(task)
 
     async def close(self) -> None:
         """Run the delayed tasks now, and wait for every task."""

@@ -18,6 +18,7 @@ from shardkit._sync.adjuster import Adjuster
 from shardkit.cache.base import Cache, Placed
 from shardkit.counters.adjuster import Adjusting
 from shardkit.errors import BackendError, CounterKindMismatch, CounterNotFound
+from shardkit.executor.base import Marks
 from shardkit.options import DEFAULTS
 from shardkit.store.base import CounterInfo, Store
 
@@ -113,6 +114,11 @@ class Settings(Options):
     @cached_property
     def placement(self) -> Placed | None:
         return self.cache if isinstance(self.cache, Placed) else None
+
+    @cached_property
+    def marks(self) -> Marks:
+        """The deduplication marks of the kit's background tasks, in its cache."""
+        return Marks(self.cache, lambda name: self.cache_key(name, "task"))
 
     @cached_property
     def roles(self) -> CounterRoles:

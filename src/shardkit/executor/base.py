@@ -9,11 +9,15 @@ one runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypedDict, runtime_checkable
 
+from shardkit._failures import FailureLog
 from shardkit._program import role
 from shardkit.cache.base import Cache
+from shardkit.errors import ShardkitError
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -24,21 +28,41 @@ must be idempotent: an executor may run a submission more than once (a redeliver
 message), or not at all (a process that dies with it queued)."""
 
 
+log = logging.getLogger("shardkit")
+
+
 class Marks:
     """Deduplication marks: the first claim of a name within its window wins."""
 
     def __init__(self, cache: Cache, key: Callable[[str], str]) -> None:
-        self.cache = cache
+        self.cache = cache  # the kit's: an async kit's is awaited (see ``claim``)
         self._key = key  # a claim's name -> its cache key
 
     def claim(self, name: str, ttl: float) -> bool:
         """Whether this call is the first to claim ``name`` in the last ``ttl`` seconds.
-        Atomic across every process sharing the cache."""
+        Atomic across every process sharing the cache. (On an async kit's cache, an
+        awaitable of it.)"""
         return self.cache.add(self._key(name), 1, ttl)
 
     def release(self, name: str) -> None:
         """Drop a claim whose submission failed, so that the next one may run."""
         self.cache.delete(self._key(name))
+
+
+@contextlib.contextmanager
+def reported(failures: FailureLog, task: str, args: Mapping[str, Any]) -> Iterator[None]:
+    """Run a background task's call inside: nobody else would see how it ended, so a
+    failure is logged here — a ``ShardkitError`` (a backend that is down fails every
+    task) as an outage, once (``failures``), any other error with its traceback — and a
+    success ends the task's outage."""
+    try:
+        yield
+    except ShardkitError as exc:
+        failures.failed(task, "background task %s%s failed: %s", task, dict(args), exc)
+    except Exception:
+        log.exception("background task %s%s failed", task, dict(args))
+    else:
+        failures.worked(task)
 
 
 class When(TypedDict, total=False):

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from shardkit._failures import FailureLog
 from shardkit._fork import reset_in_child
-from shardkit.errors import ConfigurationError, ShardkitError
-from shardkit.executor.base import Marks, Task, Timing, When
+from shardkit.errors import ConfigurationError
+from shardkit.executor.base import Marks, Task, Timing, When, reported
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -187,15 +187,8 @@ class LocalExecutor:
                 self._queue((task, args, merge), followup=False)
 
     def _run(self, task: str, args: Mapping[str, Any]) -> None:
-        try:
+        with reported(self._failures, task, args):
             self._tasks[task](args)
-        except ShardkitError as exc:
-            # A backend that is down fails every task: an outage, logged as one.
-            self._failures.failed(task, "background task %s%s failed: %s", task, dict(args), exc)
-        except Exception:
-            log.exception("background task %s%s failed", task, dict(args))
-        else:
-            self._failures.worked(task)
 
     def close(self) -> None:
         with self._lock:
