@@ -104,12 +104,7 @@ class AsyncRedisClusterCache(ClusterCore, Awaiting):
         client = RedisCluster(**parse(url).client_options(ClusterNode))
         return cls(client, url=url, owns_client=True)
 
-    @staticmethod
-    def _pipes_of(client: Any) -> AsyncNodePipes:
-        return AsyncNodePipes(client, OwnNodes(client))
-
-    _commands_of = _AsyncCommands
-    _clock = asyncio
+    _pipes_of, _nodes_of, _commands_of, _clock = AsyncNodePipes, OwnNodes, _AsyncCommands, asyncio
 
     async def close(self) -> None:
         await self._pipes.close()

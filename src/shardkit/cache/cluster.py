@@ -135,15 +135,16 @@ class ClusterCore(RedisCore):
     increments that differ on a cluster, and where keys live (``Placed``)."""
 
     roles: ClusterRoles
-    # Each form's: what sends a key's increments to its primary, what sends the other
-    # commands, and what waits.
-    _pipes_of: Callable[[Any], Any]
+    # Each form's: what sends a key's increments to its primary, on which clients of the
+    # nodes; what sends the other commands; and what waits.
+    _pipes_of: Callable[[Any, Any], Any]
+    _nodes_of: Callable[[Any], Any]
     _commands_of: Callable[[Any, Callable[[str], Any]], Any]
     _clock: Clock
 
     def __init__(self, client: Any, *, url: str | None = None, owns_client: bool = False):
         super().__init__(client, url=url, owns_client=owns_client)
-        self._pipes = self._pipes_of(client)
+        self._pipes = self._pipes_of(client, self._nodes_of(client))
         commands = self._commands_of(client, self._pipes.sender)
         self.roles = ClusterRoles(commands, self._pipes, self._clock)
 
@@ -281,12 +282,7 @@ class RedisClusterCache(ClusterCore, Blocking):
             ) from exc
         return cls(client, url=url, owns_client=True)
 
-    @staticmethod
-    def _pipes_of(client: Any) -> NodePipes:
-        return NodePipes(client, Nodes(client))
-
-    _commands_of = _Commands
-    _clock = time
+    _pipes_of, _nodes_of, _commands_of, _clock = NodePipes, Nodes, _Commands, time
 
     def close(self) -> None:
         self._pipes.close()
