@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -150,6 +151,39 @@ def test_many_threads_get_exactly_their_own_results() -> None:
         worker.join()
     for index, got in enumerate(results):
         assert got == [index * 1000 + n + 1 for n in range(500)]
+
+
+class Interrupted(BaseException):
+    """What the test's signal handler raises, as SIGINT's raises KeyboardInterrupt."""
+
+
+def test_a_caller_interrupted_while_queued_takes_its_item_out(threads: Any) -> None:
+    gate = Gate()
+    combiner: Combiner[int, int] = Combiner(gate)
+    first = threads(lambda: combiner(1))
+    gate.entered.acquire()  # the first caller is writing its batch
+    main = threading.get_ident()
+
+    def interrupt_once_queued() -> None:
+        wait_for(lambda: combiner.waiting == 1, "this thread to queue")
+        signal.pthread_kill(main, signal.SIGUSR1)
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGUSR1, interrupted)
+    try:
+        threads(interrupt_once_queued)
+        with pytest.raises(Interrupted):
+            combiner(2)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert combiner.waiting == 0  # taken out of the queue
+    gate.open()
+    wait_for(lambda: bool(first), "the first caller to return")
+    assert first == {"result": 1}
+    assert combiner(3) == 3
+    assert gate.batches == [[1], [3]]  # 2 was never written
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 
 import shardkit
-from backends import PREFIX, RefusingCache, run_together, shard_values
+from backends import PREFIX, RefusingCache, run_together, shard_values, wait_for
 from shardkit.errors import CounterKindMismatch, CounterNotFound
 
 
@@ -33,6 +34,24 @@ def test_cached_value_is_served_from_the_cache_and_adjusted_on_write(
     votes.incr(4)  # adjusts the cached value after the store commits
     assert votes.value() == 7
     assert votes.value(fresh=True) == 107
+
+
+def _adjusters() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "shardkit-adjuster"]
+
+
+def test_the_adjusters_thread_ends_when_idle_and_a_later_write_starts_another(
+    shared_kit: shardkit.Kit, name: str
+) -> None:
+    votes = shared_kit.sharded(name)
+    votes.incr(3)
+    assert votes.value() == 3  # fills the cache
+    shared_kit.store.add(name, 0, 100)  # a write the cache does not see
+    votes.incr(4)
+    wait_for(lambda: not _adjusters(), "the adjuster's thread to end, idle")
+    votes.incr(5)
+    assert votes.value() == 12  # from the cache: both adjustments, sent by two threads
+    assert votes.value(fresh=True) == 112
 
 
 def test_a_cached_value_the_cache_fails_to_adjust_is_dropped(sqlite_url: str, name: str) -> None:
