@@ -26,20 +26,16 @@ class AsyncWrite(Protocol[T_contra, R_co]):
 
 
 class _Call(Generic[T, R]):
+    """A queued caller's item, and its outcome once its batch is written."""
+
     __slots__ = ("error", "item", "leads", "result", "woken")
 
     def __init__(self, item: T) -> None:
         self.item = item
         self.result: R | None = None
         self.error: BaseException | None = None
-        self.woken: AsyncEvent | None = None  # a queued call's: set when its batch is
-        # written, or when it is to lead the next
+        self.woken = AsyncEvent()  # set when its batch is written, or it is to lead
         self.leads = False  # set (under the lock) when it is to lead the next batch
-
-    def outcome(self) -> R:
-        if self.error is not None:
-            raise self.error
-        return self.result  # type: ignore[return-value]
 
 
 class AsyncCombiner(Generic[T, R]):
@@ -88,38 +84,51 @@ class AsyncCombiner(Generic[T, R]):
         await settle.wait()
 
     async def __call__(self, item: T) -> R:
-        call: _Call[T, R] = _Call(item)
         with self._lock:
-            leads = self._batches.join(call)  # nothing being written: it leads at once
+            leads = self._batches.claim()  # nothing being written: it leads at once
             if not leads:
-                woken = call.woken = AsyncEvent()
-        if not leads:
-            try:
-                await woken.wait()
-            except BaseException:
-                with self._lock:
-                    leads = call.leads
-                    if not leads and self._batches.leave(call):
-                        raise  # taken out: never written
-                if leads:  # its turn came: the batch goes on without it waiting
-                    await ashielded(self._lead)
-                raise
-            leads = call.leads
+                call: _Call[T, R] = _Call(item)
+                self._batches.join(call)
         if leads:
-            await ashielded(self._lead)
-        return call.outcome()
+            results = await ashielded(self._lead, [item])
+            return results[0]
+        try:
+            await call.woken.wait()
+        except BaseException:
+            with self._lock:
+                leads = call.leads
+                if not leads and self._batches.leave(call):
+                    raise  # taken out: never written
+            if leads:  # its turn came: the batch goes on without it waiting
+                await ashielded(self._lead, [])
+            raise
+        if call.leads:
+            await ashielded(self._lead, [])
+        if call.error is not None:
+            raise call.error
+        return call.result  # type: ignore[return-value]
 
-    async def _lead(self) -> None:
-        """Write the queued calls' items as one batch, and give each its outcome."""
+    async def _lead(self, own: list[T]) -> Sequence[R]:
+        """Write ``own`` (the items of a caller that leads without having queued) and
+        the queued calls' items as one batch; give each call its outcome, and return
+        ``own``'s results (or raise the batch's error)."""
         with self._lock:
             batch = self._batches.take()
+        if not batch:  # a caller alone: its own items, nobody else's outcome to give
+            try:
+                return await self._write(own)
+            finally:
+                self._hand_over()
         try:
-            results = await self._write([call.item for call in batch])
-            for call, result in zip(batch, results, strict=True):
+            results = await self._write(own + [call.item for call in batch])
+            for call, result in zip(batch, results[len(own) :], strict=True):
                 call.result = result
         except Exception as exc:
             for call in batch:
                 call.error = exc
+            if own:
+                raise
+            return ()
         except BaseException as exc:  # KeyboardInterrupt, a cancelled loop: only the leader's
             lost = BackendError(f"a combined write was interrupted ({type(exc).__name__})")
             for call in batch:
@@ -128,8 +137,8 @@ class AsyncCombiner(Generic[T, R]):
         finally:
             self._hand_over()
             for call in batch:
-                if call.woken is not None:
-                    call.woken.set()
+                call.woken.set()
+        return results
 
     def _hand_over(self) -> None:
         """A batch is written: wake the first call queued meanwhile to lead the next."""
@@ -140,7 +149,7 @@ class AsyncCombiner(Generic[T, R]):
                 successor.leads = True
         if settle is not None:
             settle.set()
-        if successor is not None and successor.woken is not None:
+        if successor is not None:
             successor.woken.set()
 
 
