@@ -9,7 +9,7 @@ class Video(models.Model):
     title = models.CharField(max_length=200)
     views = ShardedCount(shards=20)
     # A counting update of likes by key reads whether the video exists once a minute.
-    likes = ShardedCount(buffered=True, interval=1, exists_ttl=60)
+    likes = ShardedCount(buffered=True, interval=1)
 
     objects = CountingQuerySet.as_manager()
 

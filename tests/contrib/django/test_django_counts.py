@@ -20,7 +20,7 @@ from django.test.utils import CaptureQueriesContext
 
 from executors import HeldExecutor
 from shardkit.contrib.django import CountingQuerySet, NotACountingUpdate, ShardedCount, kit
-from shardkit.contrib.django.counts import check_managers
+from shardkit.contrib.django.counts import DEFAULT_EXISTS_TTL, check_managers
 from shardkit.contrib.django.store import DjangoStore
 from shardkit.errors import InvalidDelta, ValidationError
 from traces import statements_run
@@ -306,6 +306,13 @@ def test_exists_ttl_is_for_buffered_counts_only() -> None:
         with pytest.raises(ValidationError, match="exists_ttl"):
             ShardedCount(buffered=True, exists_ttl=bad)  # type: ignore[arg-type]
     assert ShardedCount(buffered=True, exists_ttl=5).exists_ttl == 5.0
+
+
+def test_a_buffered_count_takes_an_object_seen_to_exist_by_default() -> None:
+    assert ShardedCount(buffered=True).exists_ttl == DEFAULT_EXISTS_TTL == 60.0
+    assert ShardedCount(buffered=True, exists_ttl=0).exists_ttl == 0.0  # reads every time
+    assert ShardedCount().exists_ttl == 0.0  # a sharded count's statement finds the object
+    assert Video.likes.exists_ttl == DEFAULT_EXISTS_TTL  # the example's, by default
 
 
 def test_a_counting_update_moves_cached_values_only_when_it_commits(database: str) -> None:

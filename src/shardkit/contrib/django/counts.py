@@ -50,6 +50,11 @@ class NotACountingUpdate(ValidationError, FieldError):
     """An ``update()`` that sets a count to anything but ``F(count) + n`` or ``- n``."""
 
 
+# How long a buffered count takes an object this process saw exist as existing, unless
+# its ``ShardedCount`` says otherwise.
+DEFAULT_EXISTS_TTL = 60.0
+
+
 class ShardedCount:
     """A count on each object of a model, kept in a shardkit counter, not a column.
 
@@ -61,14 +66,15 @@ class ShardedCount:
     to the cache when the caller's transaction commits (``on_commit``; at once outside a
     transaction) and is flushed to the store within about ``interval`` seconds.
 
-    A buffered count's counting ``update()`` filtered by primary key alone reads whether
-    the object exists (its return value says). With ``exists_ttl=30`` it takes an object
-    that this process saw exist in the last 30 seconds (read by such an update, in a
-    transaction that committed) as existing without reading it again: the increment is
-    then a cache command alone. A deletion through this process's ORM is seen at once
-    (``post_delete``, which also makes the model's deletes send signals rather than
-    delete in bulk); one elsewhere (another process, raw SQL) within ``exists_ttl``
-    seconds, until when such an update returns 1 for the deleted object and counts it.
+    A buffered count's counting ``update()`` filtered by primary key alone needs to know
+    whether the object exists (its return value says). It takes an object that this
+    process saw exist in the last ``exists_ttl`` seconds (read by such an update, in a
+    transaction that committed; default ``DEFAULT_EXISTS_TTL``, 60) as existing without
+    reading it again: the increment is then a cache command alone. A deletion through
+    this process's ORM is seen at once (``post_delete``, which also makes the model's
+    deletes send signals rather than delete in bulk); one elsewhere (another process, raw
+    SQL) within ``exists_ttl`` seconds, until when such an update returns 1 for the
+    deleted object and counts it. ``exists_ttl=0`` reads the object every time.
     """
 
     def __init__(
@@ -77,11 +83,13 @@ class ShardedCount:
         *,
         buffered: bool = False,
         interval: float = 5.0,
-        exists_ttl: float = 0.0,
+        exists_ttl: float | None = None,
     ):
         self.shards = check_shards(shards, 1_000_000)
         self.buffered = bool(buffered)
         self.interval = check_interval(interval)
+        if exists_ttl is None:
+            exists_ttl = DEFAULT_EXISTS_TTL if self.buffered else 0.0
         self.exists_ttl = check_exists_ttl(exists_ttl)
         if self.exists_ttl and not self.buffered:
             raise ValidationError(
