@@ -8,7 +8,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, Literal, TypeVar, cast
 
 from shardkit import metrics
 from shardkit._program import Program, call, rule
@@ -83,11 +83,12 @@ class KitCore(Generic[_S, _B, _M, _I]):
         shards: int | None = None,
         *,
         sharded: bool = False,
+        grow: bool = False,
     ) -> Program[_C]:
         """The counter ``name`` of kind ``core``: the one opened lately if it is
         ``usable``, else one made by ``new`` from the store's configuration, which is
         created on first use — with ``shards`` shards (default 20) for a ``sharded``
-        kind, grown to them when they are more; one row otherwise.
+        kind, grown to them when more and asked to ``grow``; one row otherwise.
         ``CounterKindMismatch`` if the one opened lately is of another kind."""
         with self._lock:
             held = self._counters.get(name)
@@ -100,7 +101,7 @@ class KitCore(Generic[_S, _B, _M, _I]):
         kept = cast("_C | None", held)  # of kind ``core``: one the form made, by ``new``
         if kept is not None and usable(kept):
             return kept
-        size, grow = (shards or DEFAULT_SHARDS, shards is not None) if sharded else (1, False)
+        size = shards or DEFAULT_SHARDS if sharded else 1
         info = yield from call(Store.open_counter, name, core.kind, size, grow=grow)
         counter = new(info)
         with self._lock:
@@ -111,21 +112,31 @@ class KitCore(Generic[_S, _B, _M, _I]):
         return counter
 
     @rule
-    def sharded(self, name: str, shards: int | None = None) -> Program[_S]:
+    def sharded(self, name: str, shards: int | Literal["auto"] | None = None) -> Program[_S]:
         """The sharded counter ``name``, created on first use with ``shards`` shards
         (default 20). An existing counter is grown to ``shards`` when that is larger and
-        otherwise kept as it is, so every process may open it with its own default."""
+        otherwise kept as it is, so every process may open it with its own default.
+
+        ``shards="auto"``: created with 1 shard, and grown by this process's writes when
+        they wait on their rows (``counters.sizing``; never on SQLite, whose one lock
+        more shards cannot spread)."""
         check_name(name)
-        if shards is not None:
+        auto = shards == "auto"
+        if shards is not None and not auto:
             check_shards(shards, self._options.max_shards)
-        return self._open(
+        fixed = None if auto else cast("int | None", shards)
+        counter = yield from self._open(
             name,
             ShardedCore,
-            lambda c: shards is None or shards <= c._shards,
+            lambda c: fixed is None or fixed <= c._shards,
             lambda info: self.sharded_form(info, self._options),
-            shards,
+            1 if auto else fixed,
             sharded=True,
+            grow=not auto and fixed is not None,
         )
+        if auto:
+            counter.size_automatically(self.roles.store.row_locks)
+        return counter
 
     @rule
     def buffered(

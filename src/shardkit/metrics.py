@@ -76,6 +76,9 @@ class Meter:
     def combined(self, kind: str, size: int) -> None:
         """One backend call carried ``size`` writes of a counter of ``kind``."""
 
+    def grew(self, kind: str) -> None:
+        """An automatic counter of ``kind`` grew its shards (``counters.sizing``)."""
+
     def rode_out(self, action: str) -> None:
         """A call failed without failing its caller (``FailureLog``): a cache error the
         kit fell back from, or a background task that failed."""
@@ -222,6 +225,13 @@ class _PrometheusMeter(Meter):
             buckets=_BATCH_SIZES,
             **where,
         )
+        self._growths = prom.Counter(
+            "shardkit_shard_growths",
+            "Automatic counters' growths of their shard count, by kind.",
+            ["kind"],
+            **where,
+        )
+        self._growths.labels("sharded")
         self._rode_out = prom.Counter(
             "shardkit_failures_ridden_out",
             "Calls that failed without failing their caller (cache errors fallen back "
@@ -280,6 +290,9 @@ class _PrometheusMeter(Meter):
         if child is None:
             child = self._batch_children[kind] = self._batches.labels(kind)
         child.observe(size)
+
+    def grew(self, kind: str) -> None:
+        self._growths.labels(kind).inc()
 
     def rode_out(self, action: str) -> None:
         self._rode_out.labels(action).inc()

@@ -180,3 +180,23 @@ def sync_counter(where: Where, name: str, kind: str, rounds: int) -> None:
                 hits.incr(2)
                 if index % 100 == 0:
                     hits.flush()
+
+
+def auto_writer(where: Where, name: str, seconds: float, start: Any, results: Any) -> None:
+    """Once ``start`` is set, increment the automatic sharded counter ``name`` for
+    ``seconds``; put ``(increments done, the shard count this process ends with, error)``
+    on ``results``."""
+    done, shards, error = 0, 0, None
+    try:
+        with _connect(where) as kit:
+            counter = kit.sharded(name, shards="auto")
+            if not start.wait(TIMEOUT):
+                raise TimeoutError("never told to start")
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                counter.incr()
+                done += 1
+            shards = counter._shards  # what this process writes over now
+    except BaseException:
+        error = traceback.format_exc()
+    results.put((done, shards, error))

@@ -21,7 +21,9 @@ from shardkit.counters.base import (
     CounterSettings,
     Options,
     best_effort,
+    log,
 )
+from shardkit.counters.sizing import WINDOW, Sizing, Window
 from shardkit.errors import BackendError, ShardkitError
 from shardkit.store.base import CounterInfo, Deleted, Store
 from shardkit.validation import check_delta, check_name, check_shards, sums_fit
@@ -35,6 +37,7 @@ _PURGE_CHANCE = 1 / 1000
 _TICKET = metrics.action("taking a shard ticket")
 _READ = metrics.action("reading a cached value")
 _CACHING = metrics.action("caching a value")
+_GROWING = metrics.action("growing a counter")
 
 Write = tuple[int, str | None]  # (delta, idempotency key)
 
@@ -72,6 +75,13 @@ class ShardedCore(CounterCore):
         self._value_key = value_key(options, self.name)
         self._ticket_key = options.cache_key(self.name, "sharded:ticket")
         self._local = local
+        self._sizing: Sizing | None = None  # an automatic counter's, where shards help
+
+    def size_automatically(self, row_locks: bool) -> None:
+        """Grow this counter when its writes wait on their rows (``counters.sizing``):
+        from now on, in this process, where the store has ``row_locks``."""
+        if row_locks and self._sizing is None:
+            self._sizing = Sizing(self._options.max_shards)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} shards={self._shards}>"
@@ -123,11 +133,52 @@ class ShardedCore(CounterCore):
         if self._look_due(_SHARDS_REFRESH):
             yield from self._refresh_shards()
         shard = ticket % self._shards
+        started = time.perf_counter()
         applied = yield from call(Store.add_many, self.name, shard, writes)
+        if self._sizing is not None:
+            window = self._sizing.timed(time.perf_counter() - started)
+            if window is not None:
+                yield from self._sized(self._sizing, window)
         moved = sum(delta for (delta, _), ok in zip(writes, applied, strict=True) if ok)
         if moved:
             yield from call(Adjusting.add, self._value_key, moved)
         return list(applied)
+
+    def _sized(self, sizing: Sizing, window: Window) -> Program[None]:
+        """After a window of this process's writes (``counters.sizing``): count this
+        process among the counter's writers of this second, and grow the counter when
+        it should. Best effort, after a write that stands whatever happens here."""
+        second = int(time.time() / WINDOW)
+        here = self._options.cache_key(self.name, f"sharded:writers:{second}")
+        try:
+            yield from call(Cache.add, here, 0, 3 * WINDOW)
+            writers = (yield from call(Cache.incr, here, 1)) or 0
+            if window.contended:
+                last = self._options.cache_key(self.name, f"sharded:writers:{second - 1}")
+                writers = max(writers, (yield from call(Cache.get, last)) or 0)
+            shards = sizing.grow_to(window, writers, self._shards)
+            if shards is None:
+                return
+            before = self._shards
+            info = yield from call(Store.open_counter, self.name, self.kind, shards)
+        except ShardkitError as exc:
+            self._options.failures.failed(_GROWING, "failed while %s: %s", _GROWING, exc)
+            return
+        self._options.failures.worked(_GROWING)
+        self._hold(info)
+        self._shards = max(self._shards, info.shards)
+        metrics.meter.grew(self.kind)
+        log.info(
+            "sharded counter %r grew from %d to %d shards: %d writers in the last second, "
+            "%d writes of this process in %g s spending %.0f%% of their time waiting",
+            self.name,
+            before,
+            self._shards,
+            writers,
+            window.writes,
+            WINDOW,
+            100 * window.waiting,
+        )
 
     def _refresh_shards(self) -> Program[int]:
         """The current shard count, read from the store (following the name to its

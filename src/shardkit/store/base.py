@@ -97,6 +97,11 @@ class Store(Protocol):
     """Whether writes from different threads may be combined into one statement (False
     when each write belongs to its caller's own transaction)."""
 
+    row_locks: bool
+    """Whether writes to different rows of a table proceed side by side (each row its
+    own lock), so that more shards take more concurrent writers: False where one lock
+    serialises every write (SQLite)."""
+
     def add(self, name: str, shard: int, delta: int, key: str | None = None) -> bool:
         """Add ``delta`` to one shard row, creating the row if needed, in one atomic step.
 

@@ -79,6 +79,7 @@ class SqlCore(Tables):
         if dialect.name not in ("sqlite", "postgresql", "mysql", "mariadb"):
             raise ConfigurationError(f"unsupported SQL database {dialect.name!r}")
         self.dialect = Dialect(dialect.name)
+        self.row_locks = dialect.name != "sqlite"  # SQLite: one lock for the database
         super().__init__(prefix)
         self._upsert_add = self.dialect.upsert(self.shards_table, {"value": added})
         self._fold = self.dialect.upsert(self.flushed_table, {"up": added, "down": added})

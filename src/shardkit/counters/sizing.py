@@ -1,0 +1,81 @@
+"""When an automatic sharded counter grows: when more writers than it has shards take
+turns on its rows, and their writes wait for each other.
+
+Each writing process times its writes to the store. A write that waits for its row's
+lock takes longer than the writer's fastest write by the wait, so over a window of
+``WINDOW`` seconds the share of the writes' time spent beyond the fastest one (of this
+window and the one before) measures how much they wait. At the end of each window a
+process counts itself among the counter's writers of that second, in the kit's cache
+(shared by the processes: with an in-process cache a process sees only itself). When a
+window had at least ``BUSY`` writes spending ``CONTENDED`` or more of their time
+waiting, and the last second's writers outnumber the shards, the counter grows to as
+many shards as writers (at most the kit's ``max_shards``); then this process takes no
+decision for ``SETTLE`` seconds, the time every process takes to pick the new count up,
+so a burst grows a counter once. Slow writes alone (a busy machine) grow nothing, nor
+does a counter written a few times a second, and no counter ever shrinks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+WINDOW = 1.0
+BUSY = 20
+CONTENDED = 0.5
+SETTLE = 10.0
+
+
+class Window(NamedTuple):
+    """One window of a process's writes to a counter."""
+
+    writes: int
+    waiting: float
+    """The share of the writes' time spent waiting."""
+
+    @property
+    def contended(self) -> bool:
+        """Whether the writes were many, and waited."""
+        return self.writes >= BUSY and self.waiting >= CONTENDED
+
+
+class Sizing:
+    """One process's measure of a counter's contention. Not thread-safe: its caller
+    serialises the writes it times (the counter's combiner)."""
+
+    def __init__(self, maximum: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self._maximum = maximum
+        self._clock = clock
+        self._start = clock()
+        self._quiet_until = 0.0
+        self._total = 0.0  # seconds the window's writes took
+        self._times: list[float] = []
+        self._fastest_before = float("inf")  # the window before's fastest write
+
+    def timed(self, seconds: float) -> Window | None:
+        """Note a write that took ``seconds``; the window, when this write ended one."""
+        self._total += seconds
+        self._times.append(seconds)
+        now = self._clock()
+        if now - self._start < WINDOW:
+            return None
+        times, total = self._times, self._total
+        fastest = min(min(times), self._fastest_before)
+        self._fastest_before = min(times)
+        self._start, self._total, self._times = now, 0.0, []
+        return Window(len(times), sum(t - fastest for t in times) / total if total else 0.0)
+
+    def grow_to(self, window: Window, writers: int, shards: int) -> int | None:
+        """The shard count to grow to after ``window``, ``writers`` having written in
+        the last second; None: not now."""
+        now = self._clock()
+        if now < self._quiet_until or not window.contended or writers <= shards:
+            return None
+        if shards >= self._maximum:
+            return None
+        self._quiet_until = now + SETTLE
+        return min(self._maximum, writers)
+
+
+__all__ = ["BUSY", "CONTENDED", "SETTLE", "WINDOW", "Sizing", "Window"]

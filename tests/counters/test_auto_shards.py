@@ -1,0 +1,167 @@
+"""Automatic sharded counters (``shards="auto"``): grown when more writers than shards
+take turns on their rows, never otherwise."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+import time
+import uuid
+
+import pytest
+
+import shardkit
+from backends import PREFIX, redis_database, store_url_for
+from shardkit.counters.sizing import BUSY, SETTLE, WINDOW, Sizing, Window
+from workers import auto_writer
+
+CACHE = redis_database(11)  # shared by the writer processes: they count each other there
+SECONDS = 4.0  # each writer's run: a few windows
+
+
+def _run_writers(store_url: str, name: str, processes: int) -> tuple[int, list[int]]:
+    """``processes`` spawned writers on ``name`` at once; their increments' total and
+    the shard counts they ended with."""
+    context = multiprocessing.get_context("spawn")
+    start, results = context.Event(), context.Queue()
+    where = (store_url, CACHE, PREFIX)
+    children = [
+        context.Process(target=auto_writer, args=(where, name, SECONDS, start, results))
+        for _ in range(processes)
+    ]
+    for child in children:
+        child.start()
+    start.set()
+    outcomes = [results.get(timeout=120) for _ in children]
+    for child in children:
+        child.join(30)
+    errors = [error for _, _, error in outcomes if error]
+    assert not errors, errors[0]
+    return sum(done for done, _, _ in outcomes), [shards for _, shards, _ in outcomes]
+
+
+@pytest.mark.parametrize("kind", ["postgres", "mysql"])
+def test_writers_taking_turns_on_a_row_grow_the_counter_once_and_count_exactly(
+    kind: str, sqlite_url: str
+) -> None:
+    store_url = store_url_for(kind, sqlite_url)
+    name = f"test:auto:{uuid.uuid4().hex}"
+    with shardkit.connect(store_url, CACHE, prefix=PREFIX) as kit:
+        assert kit.sharded(name, shards="auto").shards == 1  # created with one
+    done, seen = _run_writers(store_url, name, 4)
+    with shardkit.connect(store_url, CACHE, prefix=PREFIX) as kit:
+        counter = kit.sharded(name)
+        assert counter.value(fresh=True) == done  # exact through every growth
+        grown = counter.shards
+    # Each process decided at most once in its run (SETTLE), from the writers it saw in
+    # a second (4, give or take one at a window's edge); the store keeps the largest.
+    assert SECONDS < SETTLE
+    assert 2 <= grown <= 6, (grown, seen)
+    assert max(seen) == grown  # the one count, as the process that decided it writes
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_lone_writer_never_grows_the_counter(kind: str, sqlite_url: str) -> None:
+    store_url = store_url_for(kind, sqlite_url)
+    name = f"test:auto:{uuid.uuid4().hex}"
+    done, seen = _run_writers(store_url, name, 1)
+    assert done > 2 * BUSY  # busy enough to be measured
+    assert seen == [1]
+
+
+def test_on_sqlite_writers_taking_turns_leave_it_at_one_shard(sqlite_url: str) -> None:
+    name = f"test:auto:{uuid.uuid4().hex}"
+    done, seen = _run_writers(sqlite_url, name, 3)
+    with shardkit.connect(sqlite_url, CACHE, prefix=PREFIX) as kit:
+        counter = kit.sharded(name)
+        assert (counter.shards, counter.value(fresh=True)) == (1, done)
+    assert seen == [1, 1, 1]
+
+
+def test_a_growth_is_logged_once_with_its_measure(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Writes held on their row by another transaction, counted with other writers
+    (reported by hand, as other processes would): the counter grows once, and says
+    why."""
+    store_url = store_url_for("postgres", sqlite_url)
+    name = f"test:auto:{uuid.uuid4().hex}"
+    caplog.set_level(logging.INFO, logger="shardkit")
+    with shardkit.connect(store_url, CACHE, prefix=PREFIX) as kit:
+        counter = kit.sharded(name, shards="auto")
+        counter.incr()
+        second = int(time.time() / WINDOW)
+        for offset in (-1, 0, 1, 2, 3):  # three more writers, every second of the run
+            key = kit.settings.cache_key(name, f"sharded:writers:{second + offset}")
+            kit.cache.add(key, 3, 60)
+        engine = kit.store.engine
+        stop = threading.Event()
+
+        def hold_the_row() -> None:  # another writer's transactions on the row
+            while not stop.is_set():
+                with engine.begin() as conn:
+                    conn.exec_driver_sql(
+                        f"SELECT value FROM {PREFIX}shards WHERE name = %s FOR UPDATE",
+                        (name,),
+                    )
+                    time.sleep(0.01)
+
+        holder = threading.Thread(target=hold_the_row)
+        holder.start()
+        try:
+            end = time.monotonic() + 2.5 * WINDOW
+            while time.monotonic() < end:
+                counter.incr()
+        finally:
+            stop.set()
+            holder.join()
+        assert counter.shards == 4
+    growths = [r.getMessage() for r in caplog.records if "grew" in r.getMessage()]
+    assert len(growths) == 1, growths
+    assert f"{name!r} grew from 1 to 4 shards: 4 writers in the last second" in growths[0]
+
+
+def test_sizing_waits_for_busy_contended_windows_and_settles() -> None:
+    now = [0.0]
+    sizing = Sizing(maximum=8, clock=lambda: now[0])
+    windows: list[Window] = []
+
+    def write(seconds: float, count: int) -> None:
+        for _ in range(count):
+            now[0] += seconds
+            window = sizing.timed(seconds)
+            if window is not None:
+                windows.append(window)
+
+    write(0.001, 1000)  # one second of unhindered writes
+    assert not windows[-1].contended
+    assert sizing.grow_to(windows[-1], writers=4, shards=1) is None  # nobody waited
+    write(0.004, 260)  # each waits 3 ms beyond the fastest: 75 % of their time
+    assert windows[-1].contended
+    assert sizing.grow_to(windows[-1], writers=1, shards=1) is None  # alone: slow, not shared
+    assert sizing.grow_to(windows[-1], writers=12, shards=1) == 8  # as many as writers, at most
+    write(0.004, 260)
+    assert sizing.grow_to(windows[-1], writers=12, shards=8) is None  # settling
+    now[0] += SETTLE
+    write(0.004, 260)
+    assert sizing.grow_to(windows[-1], writers=12, shards=8) is None  # at the maximum
+    write(0.5, 3)  # few writes, however slow
+    assert not windows[-1].contended
+
+
+def test_the_async_kit_opens_automatic_counters_too(sqlite_url: str) -> None:
+    import asyncio
+
+    import shardkit.aio
+
+    store_url = store_url_for("postgres", sqlite_url)
+    name = f"test:auto:{uuid.uuid4().hex}"
+
+    async def main() -> tuple[int, int, bool]:
+        async with shardkit.aio.connect(store_url, CACHE, prefix=PREFIX) as kit:
+            counter = await kit.sharded(name, shards="auto")
+            await asyncio.gather(*(counter.incr() for _ in range(50)))
+            return await counter.shards(), await counter.value(fresh=True), bool(counter._sizing)
+
+    assert asyncio.run(main()) == (1, 50, True)  # sized by this process as it writes
