@@ -112,19 +112,18 @@ class KitCore(Generic[_S, _B, _M, _I]):
         return counter
 
     @rule
-    def sharded(self, name: str, shards: int | Literal["auto"] | None = None) -> Program[_S]:
-        """The sharded counter ``name``, created on first use with ``shards`` shards
-        (default 20). An existing counter is grown to ``shards`` when that is larger and
-        otherwise kept as it is, so every process may open it with its own default.
-
-        ``shards="auto"``: created with 1 shard, and grown by this process's writes when
-        they wait on their rows (``counters.sizing``; never on SQLite, whose one lock
-        more shards cannot spread)."""
+    def sharded(self, name: str, shards: int | Literal["auto"] | None = "auto") -> Program[_S]:
+        """The sharded counter ``name``. By default (``shards="auto"``, or None) it is
+        created with 1 shard on first use, and grown by this process's writes when they
+        wait on their rows (``counters.sizing``; never on SQLite, whose one lock more
+        shards cannot spread); an existing counter keeps its count, and grows so too.
+        With ``shards=N`` it is created with N shards, or grown to N when that is more,
+        and grows no further by itself."""
         check_name(name)
-        auto = shards == "auto"
-        if shards is not None and not auto:
+        auto = shards is None or shards == "auto"
+        if not auto:
             check_shards(shards, self._options.max_shards)
-        fixed = None if auto else cast("int | None", shards)
+        fixed = None if auto else cast("int", shards)
         counter = yield from self._open(
             name,
             ShardedCore,
@@ -208,6 +207,7 @@ class KitCore(Generic[_S, _B, _M, _I]):
             lambda info: self.monotonic_form(info, self._options, chance, draw),
             shards,
             sharded=True,
+            grow=shards is not None,
         )
 
     @rule

@@ -89,7 +89,7 @@ def test_a_hostile_name_goes_through_every_command_verbatim(own: Own, name: str)
         _no_escape(out, err)
         assert shown(target) in out  # whole, on one line: piped output is never wrapped
         listed = [json.loads(line) for line in own("list", "--json")[1].splitlines()]
-        assert {"name": target, "kind": "sharded", "shards": 20, "value": 3} in listed
+        assert {"name": target, "kind": "sharded", "shards": 1, "value": 3} in listed  # auto
         code, out, err = own("grow", target, "30")
         assert (code, out) == (0, f"{shown(target)}: 30 shards\n")
         code, out, err = own("flush", target)
@@ -127,6 +127,20 @@ def test_a_refused_name_is_one_escaped_line_and_writes_nothing(own: Own, name: s
     assert own("list", "--json") == (0, "", "")
 
 
+def test_shards_are_a_number_or_auto(run: Run, name: str) -> None:
+    assert run("incr", name, "--shards", "auto")[0] == 0
+    assert json.loads(run("get", name, "--json")[1])["shards"] == 1
+    assert run("incr", name, "--shards", "4")[0] == 0  # grown to 4, as before
+    assert json.loads(run("get", name, "--json")[1])["shards"] == 4
+    code, _, err = run("incr", name, "--shards", "many")
+    assert code == 2
+    assert "'many' is neither a whole number nor auto" in err
+    code, _, err = run("incr", f"{name}:m", "--monotonic", "--shards", "auto")
+    assert code != 0
+    assert "--shards auto is for sharded counters" in err
+    assert run("get", f"{name}:m")[0] != 0  # refused before anything was written
+
+
 def test_json_objects_have_the_documented_keys(run: Run, name: str) -> None:
     assert json.loads(run("incr", name, "--by", "4", "--json")[1]) == {
         "name": name,
@@ -138,7 +152,7 @@ def test_json_objects_have_the_documented_keys(run: Run, name: str) -> None:
         "name": name,
         "kind": "sharded",
         "value": 4,
-        "shards": 20,
+        "shards": 1,  # automatic: one shard until its writers wait for each other
     }
     buffered = f"{name}:b"
     run("incr", buffered, "--buffered", "--by", "2")
@@ -167,7 +181,7 @@ def test_json_objects_have_the_documented_keys(run: Run, name: str) -> None:
     }
     assert json.loads(run("grow", name, "25", "--json")[1]) == {
         "name": name,
-        "before": 20,
+        "before": 1,
         "shards": 25,
     }
     assert json.loads(run("reset", name, "--yes", "--json")[1]) == {

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Literal
 
 import click
 
@@ -25,11 +25,30 @@ from .base import (
 )
 
 
+class ShardCount(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.2
+    """A shard count: a whole number, or ``auto``."""
+
+    name = "N|auto"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int | Literal["auto"]:
+        if value == "auto":
+            return "auto"
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is neither a whole number nor auto", param, ctx)
+
+
 @main.command()
 @click.argument("name")
 @click.option("--by", "delta", type=int, default=1, show_default=True, help="Delta (may be < 0).")
 @click.option("--key", help="Idempotency key: a repeated call with the same key applies once.")
-@click.option("--shards", type=int, help="Shard count for a new counter (grows an existing one).")
+@click.option(
+    "--shards",
+    type=ShardCount(),
+    help="Shard count for a new counter (grows an existing one); a sharded counter's "
+    "default, auto, starts at 1 and grows when writers wait for each other.",
+)
 @click.option("--buffered", is_flag=True, help="NAME is (or is created) buffered.")
 @click.option("--monotonic", is_flag=True, help="NAME is (or is created) monotonic.")
 @json_option
@@ -39,7 +58,7 @@ def incr(
     name: str,
     delta: int,
     key: str | None,
-    shards: int | None,
+    shards: int | Literal["auto"] | None,
     buffered: bool,
     monotonic: bool,
     as_json: bool,
@@ -65,6 +84,8 @@ def incr(
         kit.buffered(name).incr(delta)
         said = f"{name} {delta:+d} (pending until flushed)"
     elif kind == "monotonic":
+        if shards == "auto":
+            raise shardkit.ValidationError("--shards auto is for sharded counters")
         result["value"] = kit.monotonic(name, shards).incr(delta)
         said = f"{name} = {result['value']}"
     elif kit.sharded(name, shards).incr(delta, key=key):
