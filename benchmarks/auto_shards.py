@@ -71,10 +71,13 @@ class Sampled:
     totals: list[int]
 
     def rate_after(self, seconds: float) -> float:
-        """Writes/s from ``seconds`` into the phase to its last sample."""
-        first = next(i for i, t in enumerate(self.times) if t >= seconds)
-        span = self.times[-1] - self.times[first]
-        return (self.totals[-1] - self.totals[first]) / span if span > 0 else 0.0
+        """Writes/s from ``seconds`` after the load started (the first sample with
+        writes counted) to the last sample that found more."""
+        start = next(i for i, n in enumerate(self.totals) if n > 0)
+        end = max(i for i in range(1, len(self.totals)) if self.totals[i] > self.totals[i - 1])
+        first = next(i for i, t in enumerate(self.times) if t >= self.times[start] + seconds)
+        span = self.times[end] - self.times[first]
+        return (self.totals[end] - self.totals[first]) / span if span > 0 else 0.0
 
     @property
     def growths(self) -> int:
