@@ -55,9 +55,10 @@ def test_writers_taking_turns_on_a_row_grow_the_counter_once_and_count_exactly(
         assert counter.value(fresh=True) == done  # exact through every growth
         grown = counter.shards
     # Each process decided at most once in its run (SETTLE), from the writers it saw in
-    # a second (4, give or take one at a window's edge); the store keeps the largest.
+    # a second (4, give or take one at a window's edge), rounded up to a power of two;
+    # the store keeps the largest.
     assert SECONDS < SETTLE
-    assert 2 <= grown <= 6, (grown, seen)
+    assert grown in (4, 8), (grown, seen)
     assert max(seen) == grown  # the one count, as the process that decided it writes
 
 
@@ -140,11 +141,17 @@ def test_sizing_waits_for_busy_contended_windows_and_settles() -> None:
     write(0.004, 260)  # each waits 3 ms beyond the fastest: 75 % of their time
     assert windows[-1].contended
     assert sizing.grow_to(windows[-1], writers=1, shards=1) is None  # alone: slow, not shared
-    assert sizing.grow_to(windows[-1], writers=12, shards=1) == 8  # as many as writers, at most
+    assert sizing.grow_to(windows[-1], writers=3, shards=1) == 4  # writers, to a power of two
     write(0.004, 260)
-    assert sizing.grow_to(windows[-1], writers=12, shards=8) is None  # settling
+    assert sizing.grow_to(windows[-1], writers=12, shards=4) is None  # settling
     now[0] += SETTLE
-    write(0.004, 260)
+    write(0.001, 100)  # a few writes unhindered, then most waiting
+    write(0.004, 230)
+    assert windows[-1].contended
+    assert sizing.grow_to(windows[-1], writers=12, shards=4) == 8  # 16, at most the maximum
+    now[0] += SETTLE
+    write(0.001, 100)
+    write(0.004, 230)
     assert sizing.grow_to(windows[-1], writers=12, shards=8) is None  # at the maximum
     write(0.5, 3)  # few writes, however slow
     assert not windows[-1].contended

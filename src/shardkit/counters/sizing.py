@@ -9,7 +9,8 @@ process counts itself among the counter's writers of that second, in the kit's c
 (shared by the processes: with an in-process cache a process sees only itself). When a
 window had at least ``BUSY`` writes spending ``CONTENDED`` or more of their time
 waiting, and the last second's writers outnumber the shards, the counter grows to as
-many shards as writers (at most the kit's ``max_shards``); then this process takes no
+many shards as writers, rounded up to a power of two so that processes deciding at once
+agree (at most the kit's ``max_shards``); then this process takes no
 decision for ``SETTLE`` seconds, the time every process takes to pick the new count up,
 so a burst grows a counter once. Slow writes alone (a busy machine) grow nothing, nor
 does a counter written a few times a second, and no counter ever shrinks.
@@ -75,7 +76,8 @@ class Sizing:
         if shards >= self._maximum:
             return None
         self._quiet_until = now + SETTLE
-        return min(self._maximum, writers)
+        # A power of two: processes deciding at once, from counts a writer apart, agree.
+        return min(self._maximum, 1 << (writers - 1).bit_length())
 
 
 __all__ = ["BUSY", "CONTENDED", "SETTLE", "WINDOW", "Sizing", "Window"]
