@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import re
 import threading
 import time
 import uuid
@@ -93,7 +94,7 @@ def test_a_growth_is_logged_once_with_its_measure(
         counter = kit.sharded(name, shards="auto")
         counter.incr()
         second = int(time.time() / WINDOW)
-        for offset in (-1, 0, 1, 2, 3):  # three more writers, every second of the run
+        for offset in (-2, -1, 0, 1, 2, 3):  # three more writers, every second of the run
             key = kit.settings.cache_key(name, f"sharded:writers:{second + offset}")
             kit.cache.add(key, 3, 60)
         engine = kit.store.engine
@@ -120,7 +121,8 @@ def test_a_growth_is_logged_once_with_its_measure(
         assert counter.shards == 4
     growths = [r.getMessage() for r in caplog.records if "grew" in r.getMessage()]
     assert len(growths) == 1, growths
-    assert f"{name!r} grew from 1 to 4 shards: 4 writers in the last second" in growths[0]
+    # 3 writers reported by hand, and this process in one of the two seconds or not.
+    assert re.search(f"{re.escape(repr(name))} grew from 1 to 4 shards: [34] writers", growths[0])
 
 
 def test_sizing_waits_for_busy_contended_windows_and_settles() -> None:

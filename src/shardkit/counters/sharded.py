@@ -77,6 +77,11 @@ class ShardedCore(CounterCore):
         self._local = local
         self._sizing: Sizing | None = None  # an automatic counter's, where shards help
 
+    def _writers_key(self, second: int) -> str:
+        """The cache key counting the processes that wrote this counter in ``second``
+        (of the epoch, in ``WINDOW``s)."""
+        return self._options.cache_key(self.name, f"sharded:writers:{second}")
+
     def size_automatically(self, row_locks: bool) -> None:
         """Grow this counter when its writes wait on their rows (``counters.sizing``):
         from now on, in this process, where the store has ``row_locks``."""
@@ -149,13 +154,14 @@ class ShardedCore(CounterCore):
         process among the counter's writers of this second, and grow the counter when
         it should. Best effort, after a write that stands whatever happens here."""
         second = int(time.time() / WINDOW)
-        here = self._options.cache_key(self.name, f"sharded:writers:{second}")
+        key = self._writers_key
         try:
-            yield from call(Cache.add, here, 0, 3 * WINDOW)
-            writers = (yield from call(Cache.incr, here, 1)) or 0
-            if window.contended:
-                last = self._options.cache_key(self.name, f"sharded:writers:{second - 1}")
-                writers = max(writers, (yield from call(Cache.get, last)) or 0)
+            yield from call(Cache.add, key(second), 0, 4 * WINDOW)
+            yield from call(Cache.incr, key(second), 1)
+            writers = 0
+            if window.contended:  # the two seconds before, whole: each writer in one
+                counts = yield from call(Cache.get_many, [key(second - 1), key(second - 2)])
+                writers = max(counts.values(), default=0)
             shards = sizing.grow_to(window, writers, self._shards)
             if shards is None:
                 return
@@ -169,7 +175,7 @@ class ShardedCore(CounterCore):
         self._shards = max(self._shards, info.shards)
         metrics.meter.grew(self.kind)
         log.info(
-            "sharded counter %r grew from %d to %d shards: %d writers in the last second, "
+            "sharded counter %r grew from %d to %d shards: %d writers a second, "
             "%d writes of this process in %g s spending %.0f%% of their time waiting",
             self.name,
             before,

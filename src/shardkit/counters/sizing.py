@@ -8,7 +8,8 @@ window and the one before) measures how much they wait. At the end of each windo
 process counts itself among the counter's writers of that second, in the kit's cache
 (shared by the processes: with an in-process cache a process sees only itself). When a
 window had at least ``BUSY`` writes spending ``CONTENDED`` or more of their time
-waiting, and the last second's writers outnumber the shards, the counter grows to as
+waiting, and the writers of either of the two seconds before (each writer reports once
+a window, so once in one of them) outnumber the shards, the counter grows to as
 many shards as writers, rounded up to a power of two so that processes deciding at once
 agree (at most the kit's ``max_shards``); then this process takes no
 decision for ``SETTLE`` seconds, the time every process takes to pick the new count up,
@@ -69,7 +70,7 @@ class Sizing:
 
     def grow_to(self, window: Window, writers: int, shards: int) -> int | None:
         """The shard count to grow to after ``window``, ``writers`` having written in
-        the last second; None: not now."""
+        a second lately; None: not now."""
         now = self._clock()
         if now < self._quiet_until or not window.contended or writers <= shards:
             return None
