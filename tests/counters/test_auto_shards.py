@@ -14,7 +14,7 @@ import pytest
 
 import shardkit
 from backends import PREFIX, redis_database, store_url_for
-from shardkit.counters.sizing import BUSY, SETTLE, WINDOW, Sizing, Window
+from shardkit.counters.sizing import BUSY, LOOKBACK, SETTLE, WINDOW, Sizing, Window
 from workers import auto_writer
 
 CACHE = redis_database(11)  # shared by the writer processes: they count each other there
@@ -56,10 +56,10 @@ def test_writers_taking_turns_on_a_row_grow_the_counter_once_and_count_exactly(
         assert counter.value(fresh=True) == done  # exact through every growth
         grown = counter.shards
     # Each process decided at most once in its run (SETTLE), from the writers it saw in
-    # a second (4, give or take one at a window's edge), rounded up to a power of two;
-    # the store keeps the largest.
+    # a second (4, fewer while their first windows close on a busy machine, one more at
+    # a window's edge), rounded up to a power of two; the store keeps the largest.
     assert SECONDS < SETTLE
-    assert grown in (4, 8), (grown, seen)
+    assert grown in (2, 4, 8), (grown, seen)
     assert max(seen) == grown  # the one count, as the process that decided it writes
 
 
@@ -94,7 +94,7 @@ def test_a_growth_is_logged_once_with_its_measure(
         counter = kit.sharded(name, shards="auto")
         counter.incr()
         second = int(time.time() / WINDOW)
-        for offset in (-2, -1, 0, 1, 2, 3):  # three more writers, every second of the run
+        for offset in range(-LOOKBACK, 4):  # three more writers, every second of the run
             key = kit.settings.cache_key(name, f"sharded:writers:{second + offset}")
             kit.cache.add(key, 3, 60)
         engine = kit.store.engine

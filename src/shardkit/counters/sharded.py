@@ -23,7 +23,7 @@ from shardkit.counters.base import (
     best_effort,
     log,
 )
-from shardkit.counters.sizing import WINDOW, Sizing, Window
+from shardkit.counters.sizing import LOOKBACK, WINDOW, Sizing, Window
 from shardkit.errors import BackendError, ShardkitError
 from shardkit.store.base import CounterInfo, Deleted, Store
 from shardkit.validation import check_delta, check_name, check_shards, sums_fit
@@ -156,11 +156,12 @@ class ShardedCore(CounterCore):
         second = int(time.time() / WINDOW)
         key = self._writers_key
         try:
-            yield from call(Cache.add, key(second), 0, 4 * WINDOW)
+            yield from call(Cache.add, key(second), 0, (LOOKBACK + 2) * WINDOW)
             yield from call(Cache.incr, key(second), 1)
             writers = 0
-            if window.contended:  # the two seconds before, whole: each writer in one
-                counts = yield from call(Cache.get_many, [key(second - 1), key(second - 2)])
+            if window.contended:  # the seconds before, whole: each writer in one of them
+                seconds = [key(second - ago) for ago in range(1, LOOKBACK + 1)]
+                counts = yield from call(Cache.get_many, seconds)
                 writers = max(counts.values(), default=0)
             shards = sizing.grow_to(window, writers, self._shards)
             if shards is None:

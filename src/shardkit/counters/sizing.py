@@ -8,8 +8,8 @@ window and the one before) measures how much they wait. At the end of each windo
 process counts itself among the counter's writers of that second, in the kit's cache
 (shared by the processes: with an in-process cache a process sees only itself). When a
 window had at least ``BUSY`` writes spending ``CONTENDED`` or more of their time
-waiting, and the writers of either of the two seconds before (each writer reports once
-a window, so once in one of them) outnumber the shards, the counter grows to as
+waiting, and the writers of one of the ``LOOKBACK`` seconds before (each writer
+reports once a window, so in one of them at least) outnumber the shards, it grows to as
 many shards as writers, rounded up to a power of two so that processes deciding at once
 agree (at most the kit's ``max_shards``); then this process takes no
 decision for ``SETTLE`` seconds, the time every process takes to pick the new count up,
@@ -19,11 +19,13 @@ does a counter written a few times a second, and no counter ever shrinks.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import NamedTuple
 
 WINDOW = 1.0
+LOOKBACK = 3
 BUSY = 20
 CONTENDED = 0.5
 SETTLE = 10.0
@@ -43,29 +45,38 @@ class Window(NamedTuple):
 
 
 class Sizing:
-    """One process's measure of a counter's contention. Not thread-safe: its caller
-    serialises the writes it times (the counter's combiner)."""
+    """One process's measure of a counter's contention. Thread-safe: writes not
+    combined (a store whose writes belong to their callers' transactions) are timed by
+    their threads at once, and one of them closes each window."""
 
     def __init__(self, maximum: int, clock: Callable[[], float] = time.monotonic) -> None:
         self._maximum = maximum
         self._clock = clock
         self._start = clock()
         self._quiet_until = 0.0
-        self._total = 0.0  # seconds the window's writes took
-        self._times: list[float] = []
+        self._times: list[float] = []  # the window's writes, in seconds
         self._fastest_before = float("inf")  # the window before's fastest write
+        # Tried, never waited for: a thread finding it taken leaves the window to the
+        # one closing it (and a child forked while it was taken never waits on it).
+        self._closing = threading.Lock()
 
     def timed(self, seconds: float) -> Window | None:
         """Note a write that took ``seconds``; the window, when this write ended one."""
-        self._total += seconds
         self._times.append(seconds)
         now = self._clock()
-        if now - self._start < WINDOW:
+        if now - self._start < WINDOW or not self._closing.acquire(blocking=False):
             return None
-        times, total = self._times, self._total
+        try:
+            if now - self._start < WINDOW:  # closed by another thread meanwhile
+                return None
+            times, self._times, self._start = self._times, [], now
+        finally:
+            self._closing.release()
+        if not times:
+            return None
         fastest = min(min(times), self._fastest_before)
         self._fastest_before = min(times)
-        self._start, self._total, self._times = now, 0.0, []
+        total = sum(times)
         return Window(len(times), sum(t - fastest for t in times) / total if total else 0.0)
 
     def grow_to(self, window: Window, writers: int, shards: int) -> int | None:
@@ -81,4 +92,4 @@ class Sizing:
         return min(self._maximum, 1 << (writers - 1).bit_length())
 
 
-__all__ = ["BUSY", "CONTENDED", "SETTLE", "WINDOW", "Sizing", "Window"]
+__all__ = ["BUSY", "CONTENDED", "LOOKBACK", "SETTLE", "WINDOW", "Sizing", "Window"]
