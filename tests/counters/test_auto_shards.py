@@ -3,14 +3,17 @@ take turns on their rows, never otherwise."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import re
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 
 import pytest
+import sqlalchemy as sa
 
 import shardkit
 from backends import PREFIX, redis_database, store_url_for
@@ -81,48 +84,94 @@ def test_on_sqlite_writers_taking_turns_leave_it_at_one_shard(sqlite_url: str) -
     assert seen == [1, 1, 1]
 
 
+@contextlib.contextmanager
+def _row_held(store_url: str, name: str) -> Iterator[None]:
+    """Another writer's transactions on ``name``'s rows, each holding their locks for
+    10 ms, one after another until the block ends."""
+    engine = sa.create_engine(store_url)
+    stop = threading.Event()
+
+    def hold() -> None:
+        while not stop.is_set():
+            with engine.begin() as conn:
+                conn.exec_driver_sql(
+                    f"SELECT value FROM {PREFIX}shards WHERE name = %s FOR UPDATE", (name,)
+                )
+                time.sleep(0.01)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        holder.join()
+        engine.dispose()
+
+
+def _report_writers(kit: shardkit.Kit, name: str, writers: int) -> None:
+    """Count ``writers`` more writers of ``name`` in every second of a test's run, as
+    other processes would count themselves."""
+    second = int(time.time() / WINDOW)
+    for offset in range(-LOOKBACK, 4):
+        key = kit.settings.cache_key(name, f"sharded:writers:{second + offset}")
+        kit.cache.add(key, writers, 60)
+
+
+def _logged_growths(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "grew" in r.getMessage()]
+
+
 def test_a_growth_is_logged_once_with_its_measure(
     sqlite_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Writes held on their row by another transaction, counted with other writers
-    (reported by hand, as other processes would): the counter grows once, and says
-    why."""
+    """Writes held on their row by another transaction, counted with other writers: the
+    counter grows once, and says why."""
     store_url = store_url_for("postgres", sqlite_url)
     name = f"test:auto:{uuid.uuid4().hex}"
     caplog.set_level(logging.INFO, logger="shardkit")
     with shardkit.connect(store_url, CACHE, prefix=PREFIX) as kit:
         counter = kit.sharded(name, shards="auto")
         counter.incr()
-        second = int(time.time() / WINDOW)
-        for offset in range(-LOOKBACK, 4):  # three more writers, every second of the run
-            key = kit.settings.cache_key(name, f"sharded:writers:{second + offset}")
-            kit.cache.add(key, 3, 60)
-        engine = kit.store.engine
-        stop = threading.Event()
-
-        def hold_the_row() -> None:  # another writer's transactions on the row
-            while not stop.is_set():
-                with engine.begin() as conn:
-                    conn.exec_driver_sql(
-                        f"SELECT value FROM {PREFIX}shards WHERE name = %s FOR UPDATE",
-                        (name,),
-                    )
-                    time.sleep(0.01)
-
-        holder = threading.Thread(target=hold_the_row)
-        holder.start()
-        try:
+        _report_writers(kit, name, 3)
+        with _row_held(store_url, name):
             end = time.monotonic() + 2.5 * WINDOW
             while time.monotonic() < end:
                 counter.incr()
-        finally:
-            stop.set()
-            holder.join()
         assert counter.shards == 4
-    growths = [r.getMessage() for r in caplog.records if "grew" in r.getMessage()]
+    growths = _logged_growths(caplog)
     assert len(growths) == 1, growths
     # 3 writers reported by hand, and this process in one of the two seconds or not.
     assert re.search(f"{re.escape(repr(name))} grew from 1 to 4 shards: [34] writers", growths[0])
+
+
+def test_an_async_counter_waiting_on_its_row_grows_once_and_counts_exactly(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    import asyncio
+
+    import shardkit.aio
+
+    store_url = store_url_for("postgres", sqlite_url)
+    name = f"test:auto:{uuid.uuid4().hex}"
+    caplog.set_level(logging.INFO, logger="shardkit")
+    with shardkit.connect(store_url, CACHE, prefix=PREFIX) as kit:
+        _report_writers(kit, name, 3)
+
+    async def main() -> tuple[int, int, int]:
+        async with shardkit.aio.connect(store_url, CACHE, prefix=PREFIX) as kit:
+            counter = await kit.sharded(name)
+            done = 0
+            with _row_held(store_url, name):
+                end = time.monotonic() + 2.5 * WINDOW
+                while time.monotonic() < end:  # two writers at a time, combined or not
+                    await asyncio.gather(counter.incr(), counter.incr())
+                    done += 2
+            return await counter.shards(), await counter.value(fresh=True), done
+
+    shards, value, done = asyncio.run(main())
+    assert (shards, value) == (4, done)
+    assert len(_logged_growths(caplog)) == 1
 
 
 def test_sizing_waits_for_busy_contended_windows_and_settles() -> None:

@@ -7,7 +7,7 @@ from shardkit.contrib.django import CountingQuerySet, ShardedCount
 
 class Video(models.Model):
     title = models.CharField(max_length=200)
-    views = ShardedCount(shards=20)
+    views = ShardedCount()  # sized by its load
     # A counting update of likes by key reads whether the video exists once a minute.
     likes = ShardedCount(buffered=True, interval=1)
 

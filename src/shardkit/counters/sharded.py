@@ -141,13 +141,22 @@ class ShardedCore(CounterCore):
         started = time.perf_counter()
         applied = yield from call(Store.add_many, self.name, shard, writes)
         if self._sizing is not None:
-            window = self._sizing.timed(time.perf_counter() - started)
-            if window is not None:
-                yield from self._sized(self._sizing, window)
+            yield from ShardedCore.wrote.program(self, time.perf_counter() - started)
         moved = sum(delta for (delta, _), ok in zip(writes, applied, strict=True) if ok)
         if moved:
             yield from call(Adjusting.add, self._value_key, moved)
         return list(applied)
+
+    @rule
+    def wrote(self, seconds: float) -> Program[None]:
+        """Note that a write to this counter's rows took ``seconds`` (its own, or a
+        statement of the caller's: the Django app's counting updates): an automatic
+        counter may grow from it (``counters.sizing``)."""
+        if self._sizing is None:
+            return
+        window = self._sizing.timed(seconds)
+        if window is not None:
+            yield from self._sized(self._sizing, window)
 
     def _sized(self, sizing: Sizing, window: Window) -> Program[None]:
         """After a window of this process's writes (``counters.sizing``): count this
@@ -163,6 +172,8 @@ class ShardedCore(CounterCore):
                 seconds = [key(second - ago) for ago in range(1, LOOKBACK + 1)]
                 counts = yield from call(Cache.get_many, seconds)
                 writers = max(counts.values(), default=0)
+                if self._look_due(_SHARDS_REFRESH):  # decided against the current count
+                    yield from self._refresh_shards()
             shards = sizing.grow_to(window, writers, self._shards)
             if shards is None:
                 return

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import re
 import subprocess
 import sys
 import threading
@@ -19,10 +21,11 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from executors import HeldExecutor
-from shardkit.contrib.django import CountingQuerySet, NotACountingUpdate, ShardedCount, kit
+from shardkit.contrib.django import CountingQuerySet, NotACountingUpdate, ShardedCount, counts, kit
 from shardkit.contrib.django.counts import DEFAULT_EXISTS_TTL, check_managers
 from shardkit.contrib.django.store import DjangoStore
-from shardkit.errors import InvalidDelta, ValidationError
+from shardkit.counters.sizing import LOOKBACK, WINDOW
+from shardkit.errors import InvalidDelta, InvalidShardCount, ValidationError
 from traces import statements_run
 from videos.models import Video
 
@@ -154,6 +157,84 @@ def test_counting_updates_from_many_threads_sharing_shard_rows_are_exact(
     # Each thread: 15 updates of +1, 5 of +1 on both, 5 increments of +2.
     assert sum(expected) == threads * (15 + 5 * 2 + 5 * 2)
     assert [views(video) for video in videos] == expected
+
+
+def shard_rows(name: str) -> dict[int, int]:
+    """The shard rows of counter ``name``, as the store holds them."""
+    shards = kit().store.shards_table
+    with kit().store.engine.connect() as conn:
+        rows = conn.execute(sa.select(shards.c.shard, shards.c.value).where(shards.c.name == name))
+        return {int(shard): int(value) for shard, value in rows}
+
+
+def test_a_count_sizes_each_objects_counter_and_writes_within_its_current_shards(
+    database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert Video.views.shards == "auto"  # the example's, by default
+    video = Video.objects.create(title="a")
+    assert Video.objects.filter(pk=video.pk).update(views=F("views") + 1) == 1
+    counter = video.views.counter
+    assert counter.shards == 1  # created with one
+    assert shard_rows(counter.name) == {0: 1}
+    counter.grow(4)  # as a growth decided by another process
+    shard = counts._ticket(kit()) % 4  # this thread's, among the current four
+    assert Video.objects.filter(pk=video.pk).update(views=F("views") + 2) == 1
+    assert Video.objects.filter(pk__in=[video.pk]).update(views=F("views") + 3) == 1
+    assert shard_rows(counter.name) == {0: 1, shard: 5} if shard else {0: 6}
+    monkeypatch.setattr(Video.views, "shards", 8)  # a fixed count: created with eight
+    other = Video.objects.create(title="b")
+    assert Video.objects.filter(pk__in=[other.pk]).update(views=F("views") + 1) == 1
+    assert (other.views.counter.shards, views(other)) == (8, 1)
+    assert shard_rows(other.views.counter.name) == {counts._ticket(kit()) % 8: 1}
+    for bad in ("many", 0, 2.5, True):
+        with pytest.raises(InvalidShardCount):
+            ShardedCount(shards=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("database", ["postgres"], indirect=True)
+def test_counting_updates_waiting_on_their_row_grow_the_count_once(
+    database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Counting updates held on their row by another transaction, with other writers
+    reported (as other processes would report themselves): the object's counter grows
+    once, and counts exactly."""
+    caplog.set_level(logging.INFO, logger="shardkit")
+    video = Video.objects.create(title="a")
+    Video.objects.filter(pk=video.pk).update(views=F("views") + 1)
+    name = video.views.counter.name
+    settings = kit().settings
+    second = int(time.time() / WINDOW)
+    for offset in range(-LOOKBACK, 4):  # three more writers, every second of the run
+        kit().cache.add(settings.cache_key(name, f"sharded:writers:{second + offset}"), 3, 60)
+    shards = kit().store.shards_table.name
+    stop = threading.Event()
+
+    def hold_the_row() -> None:  # another writer's transactions on the row
+        try:
+            while not stop.is_set():
+                with transaction.atomic(using=database):
+                    with connections[database].cursor() as cursor:
+                        cursor.execute(
+                            f"SELECT value FROM {shards} WHERE name = %s FOR UPDATE", [name]
+                        )
+                    time.sleep(0.01)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold_the_row)
+    holder.start()
+    done = 1
+    try:
+        end = time.monotonic() + 2.5 * WINDOW
+        while time.monotonic() < end:
+            done += Video.objects.filter(pk=video.pk).update(views=F("views") + 1)
+    finally:
+        stop.set()
+        holder.join()
+    assert (video.views.counter.shards, views(video)) == (4, done)
+    growths = [r.getMessage() for r in caplog.records if "grew" in r.getMessage()]
+    assert len(growths) == 1, growths
+    assert re.search(f"{re.escape(repr(name))} grew from 1 to 4 shards", growths[0])
 
 
 def test_with_counts_reads_a_page_of_counts_in_one_store_query(database: str) -> None:

@@ -10,7 +10,7 @@
     from shardkit.contrib.django import CountingQuerySet, ShardedCount
 
     class Video(models.Model):
-        views = ShardedCount(shards=20)
+        views = ShardedCount()
         objects = CountingQuerySet.as_manager()
 
 Then ``manage.py migrate`` creates shardkit's tables in the ``STORE`` database, and

@@ -3,7 +3,7 @@
 ::
 
     class Video(models.Model):
-        views = ShardedCount(shards=20)          # or ShardedCount(buffered=True, interval=5)
+        views = ShardedCount()                   # or ShardedCount(buffered=True, interval=5)
         objects = CountingQuerySet.as_manager()
 
     Video.objects.filter(pk=pk).update(views=F("views") + 1)
@@ -24,7 +24,7 @@ import time
 import weakref
 from collections.abc import Sequence
 from functools import partial
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from django.core.exceptions import FieldError
 from django.db import DatabaseError, connections, models, transaction
@@ -58,10 +58,13 @@ DEFAULT_EXISTS_TTL = 60.0
 class ShardedCount:
     """A count on each object of a model, kept in a shardkit counter, not a column.
 
-    ``ShardedCount(shards=20)`` is a sharded counter: an increment is a statement of the
+    ``ShardedCount()`` is a sharded counter: an increment is a statement of the
     caller's transaction (committed at once outside one), applied exactly once if it
     commits. Its cached value is adjusted at once, so a rolled-back increment can show
-    in ``value()`` (not ``value(fresh=True)``) until the cache entry expires.
+    in ``value()`` (not ``value(fresh=True)``) until the cache entry expires. Each
+    object's counter sizes itself (``shards="auto"``, as ``Kit.sharded``): created
+    with 1 shard, grown when this process's counting updates of it wait on its rows;
+    ``shards=N`` creates it with N.
     ``ShardedCount(buffered=True, interval=5)`` is a buffered counter: an increment goes
     to the cache when the caller's transaction commits (``on_commit``; at once outside a
     transaction) and is flushed to the store within about ``interval`` seconds.
@@ -79,13 +82,15 @@ class ShardedCount:
 
     def __init__(
         self,
-        shards: int = 20,
+        shards: int | Literal["auto"] = "auto",
         *,
         buffered: bool = False,
         interval: float = 5.0,
         exists_ttl: float | None = None,
     ):
-        self.shards = check_shards(shards, 1_000_000)
+        self.shards: int | Literal["auto"] = (
+            "auto" if shards == "auto" else check_shards(shards, 1_000_000)
+        )
         self.buffered = bool(buffered)
         self.interval = check_interval(interval)
         if exists_ttl is None:
@@ -289,25 +294,32 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
         connection = connections[self.db]
         pk_field = self.model._meta.pk
         prefix = count.counter_name(self.model, "")
-        shard = _home_shard(the_kit, count.shards)
+        ticket = _ticket(the_kit)
+        created = 1 if count.shards == "auto" else count.shards  # a new counter's shards
+        tables = (store.shards_table.name, store.counters_table.name)
         if by_pk is not None:
-            sql = _statement(self.db, store.shards_table.name, self.model, "count one")
+            sql = _statement(self.db, tables, self.model, "count one")
             name = count.counter_name(self.model, by_pk[0])
-            params = [name, shard, delta, pk_field.get_db_prep_value(by_pk[0], connection)]
+            pk = pk_field.get_db_prep_value(by_pk[0], connection)
+            params = [name, ticket, name, created, delta, pk]
         else:
             matched = self.order_by("pk").values(shardkit_pk=models.F("pk"))
             select, selected = matched.query.get_compiler(self.db).as_sql()
-            sql = _statement(self.db, store.shards_table.name, self.model, "count many")
+            sql = _statement(self.db, tables, self.model, "count many")
             sql = sql.replace("{select}", select, 1)
-            params = [prefix, shard, delta, *selected]
+            params = [prefix, ticket, prefix, created, delta, *selected]
+        started = time.perf_counter()
         try:
             names = [row[0] for row in _rows(connection, sql, params)]
         except DatabaseError as exc:
             raise store._error(exc, f"adding to {self.model._meta.label}.{count.name}") from exc
+        seconds = time.perf_counter() - started
         pks = [pk_field.to_python(name[len(prefix) :]) for name in names]
         for pk in pks:
             counter = count.counter(self.model, pk)
             assert isinstance(counter, ShardedCounter)
+            if by_pk is not None and count.shards == "auto":
+                counter.wrote(seconds)  # one object's write: its counter may grow
             transaction.on_commit(partial(counter.applied, delta), using=self.db, robust=True)
         return pks
 
@@ -323,7 +335,8 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
         connection = connections[self.db]
         store = kit().store
         assert isinstance(store, DjangoStore)
-        sql = _statement(self.db, store.shards_table.name, self.model, "exists")
+        tables = (store.shards_table.name, store.counters_table.name)
+        sql = _statement(self.db, tables, self.model, "exists")
         with connection.cursor() as cursor:
             cursor.execute(sql, [self.model._meta.pk.get_db_prep_value(pk, connection)])
             found = cursor.fetchone() is not None
@@ -414,14 +427,17 @@ def _is_count(expression: Any, count: ShardedCount) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def _statement(alias: str, shards_table: str, model: type[models.Model], what: str) -> str:
+def _statement(alias: str, tables: tuple[str, str], model: type[models.Model], what: str) -> str:
     """The SQL of a counting update's statement ``what`` for ``model``'s objects, for
-    Django's cursors on database ``alias`` (``%s`` parameters): ``exists`` finds an
-    object by key; ``count one`` upserts the shard row (in ``shards_table``) of an
-    object given by key if it exists; ``count many`` upserts one for each key of the
-    subquery put in place of ``{select}``. Both return the names written."""
+    Django's cursors on database ``alias`` (``%s`` parameters), ``tables`` being the
+    store's shards and counters tables: ``exists`` finds an object by key; ``count
+    one`` upserts the shard row of an object given by key if it exists; ``count many``
+    upserts one for each key of the subquery put in place of ``{select}``. Both write
+    the shard a writer's ticket picks among the counter's current shards (those it is
+    created with, for a counter not created yet), and return the names written."""
     quote = connections[alias].ops.quote_name
-    shards, name, shard, value = (quote(n) for n in (shards_table, "name", "shard", "value"))
+    shards, counters = (quote(table) for table in tables)
+    name, shard, value = (quote(column) for column in ("name", "shard", "value"))
     table, pk = quote(model._meta.db_table), quote(model._meta.pk.column)
     if what == "exists":
         return f"SELECT 1 FROM {table} WHERE {pk} = %s"
@@ -431,11 +447,16 @@ def _statement(alias: str, shards_table: str, model: type[models.Model], what: s
         f"excluded.{value} RETURNING {name}"
     )
     if what == "count one":
-        found = f"EXISTS (SELECT 1 FROM {table} WHERE {pk} = %s)"
-        return f"{into} SELECT %s, %s, %s WHERE {found} {upsert}"
-    # WHERE true: SQLite would read the ON CONFLICT as a join's without a WHERE.
-    named = f"%s || CAST(matched.{quote('shardkit_pk')} AS TEXT)"
-    return f"{into} SELECT {named}, %s, %s FROM ({{select}}) matched WHERE true {upsert}"
+        named = "%s"
+        found = f"WHERE EXISTS (SELECT 1 FROM {table} WHERE {pk} = %s)"
+    else:
+        # WHERE true: SQLite would read the ON CONFLICT as a join's without a WHERE.
+        named = f"%s || CAST(matched.{quote('shardkit_pk')} AS TEXT)"
+        found = "FROM ({select}) matched WHERE true"
+    current = (
+        f"SELECT {counters}.{quote('shards')} FROM {counters} WHERE {counters}.{name} = {named}"
+    )
+    return f"{into} SELECT {named}, %s %% COALESCE(({current}), %s), %s {found} {upsert}"
 
 
 def _rows(connection: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
@@ -569,15 +590,16 @@ def watch_deletes() -> None:
 _tickets = threading.local()
 
 
-def _home_shard(the_kit: Kit, shards: int) -> int:
-    """This thread's shard of every count it writes by statement: a ticket per thread
-    and process, so that concurrent writers of one hot object write different rows."""
+def _ticket(the_kit: Kit) -> int:
+    """This thread's ticket, which picks its shard of every count it writes by
+    statement: one per thread and process, so that concurrent writers of one hot object
+    write different rows."""
     ticket = held_ticket(_tickets)
     if ticket is None:
         settings = the_kit.settings
         taking = take_ticket(settings, settings.cache_key("django", "ticket"), _tickets)
         ticket = run(taking, settings.roles)
-    return ticket % shards
+    return ticket
 
 
 __all__ = ["BoundCount", "CountingQuerySet", "NotACountingUpdate", "ShardedCount", "counts_of"]
