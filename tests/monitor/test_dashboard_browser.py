@@ -2,13 +2,14 @@
 on PostgreSQL and Redis, opened in a real headless Chromium (Debian's, driven by
 Playwright) while this process counts and runs a mapping job whose pages it releases a
 few at a time. The page must show the job's progress advance and its range tree grow,
-a counter's value change after increments, hostile names as plain text, and no console
+a counter's value change after increments and its shards' growth, hostile names as plain text, and no console
 error. A screenshot of each page is kept in ``test-artifacts/`` (``$SHARDKIT_ARTIFACTS``).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -130,6 +131,12 @@ def test_the_dashboard_shows_a_job_and_counters_move_live(
             expect(value).to_have_text("3")
             views.incr(4)
             expect(value).to_have_text("7")
+            # A growth of its shards (sized by its load, as a hot counter grows) shows.
+            shards = page.locator(f'#counters tr[data-name="{prefix}views"] td.shards')
+            expect(shards).to_have_text("1")
+            views.grow(4)
+            expect(shards).to_have_text("1 → 4")
+            expect(shards.locator(".grew")).to_have_attribute("title", re.compile("^grew"))
             # A hostile name is shown as text, never run.
             name = page.locator(f'#counters tr[data-name="{hostile}"] td.name')
             expect(name).to_have_text(hostile)
