@@ -66,7 +66,7 @@ def test_writers_taking_turns_on_a_row_grow_the_counter_once_and_count_exactly(
     assert max(seen) == grown  # the one count, as the process that decided it writes
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "mysql"])
 def test_a_lone_writer_never_grows_the_counter(kind: str, sqlite_url: str) -> None:
     store_url = store_url_for(kind, sqlite_url)
     name = f"test:auto:{uuid.uuid4().hex}"
