@@ -8,7 +8,9 @@ call, a file); with ``--fn noop`` it does nothing, which leaves what finding the
 costs.
 
 * shardkit - ``kit.map(table, fn, transactional=True, page_size=…, fanout=…)`` on a
-             ``LocalExecutor(workers=…)``; ``fn`` writes through ``batch.conn``, so each
+             ``LocalExecutor(workers=…)``; ``fn`` takes the page's ids from ``batch.records``
+             (``row.id``; with ``--batch rows``, ``batch.rows``: ``row["id"]``) and
+             writes through ``batch.conn``, so each
              page's update commits with its checkpoint (with ``--at-least-once``, the
              default ``transactional=False``: ``fn`` runs its update in a transaction of
              its own, on a connection of the kit's pool, and the page is read and
@@ -535,7 +537,10 @@ def run_shardkit(keys: Keys, args: argparse.Namespace, prefix: str, *, traced: b
     engine: sa.Engine | None = None  # the kit's, for fn's own transactions
 
     def fn(batch: Batch) -> None:
-        ids = [row.id for row in batch.records]
+        if args.batch == "rows":
+            ids = [row["id"] for row in batch.rows]
+        else:
+            ids = [row.id for row in batch.records]
         if transactional:
             work(batch.conn, ids)
             return
@@ -733,6 +738,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--keys", help=f"comma-separated, of {','.join(KEYS)} (default all)")
     parser.add_argument(
+        "--batch",
+        choices=("records", "rows"),
+        default="records",
+        help='what shardkit\'s fn reads: batch.records (row.id, default) or batch.rows (row["id"])',
+    )
+    parser.add_argument(
         "--offset-seconds",
         type=float,
         default=20.0,
@@ -790,7 +801,8 @@ def main(argv: list[str] | None = None) -> int:
             f"store [cyan]{engine.url.render_as_string()}[/], {args.rows:,} rows, page "
             f"{args.page_size}, fn {args.fn}"
             + (f", I/O wait {args.io_wait * 1e3:g} ms per page" if args.fn == "update" else "")
-            + f"; shardkit: {args.workers} local workers, fanout {args.fanout}"
+            + f"; shardkit: {args.workers} local workers, fanout {args.fanout}, "
+            f"fn reads batch.{args.batch}"
             + (", at least once" if args.at_least_once else ", transactional")
             + f"; fixed: "
             f"{args.workers} ranges; keys {', '.join(args.keys)}; modes "

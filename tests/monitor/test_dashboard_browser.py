@@ -2,8 +2,9 @@
 on PostgreSQL and Redis, opened in a real headless Chromium (Debian's, driven by
 Playwright) while this process counts and runs a mapping job whose pages it releases a
 few at a time. The page must show the job's progress advance and its range tree grow,
-a counter's value change after increments and its shards' growth, hostile names as plain text, and no console
-error. A screenshot of each page is kept in ``test-artifacts/`` (``$SHARDKIT_ARTIFACTS``).
+a counter's value change after increments and its shards' growth, hostile names as
+plain text, and no console error. A screenshot of each page is kept in
+``test-artifacts/`` (``$SHARDKIT_ARTIFACTS``).
 """
 
 from __future__ import annotations
