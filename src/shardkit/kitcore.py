@@ -359,9 +359,8 @@ class KitCore(Generic[_S, _B, _M, _I]):
 
     def _cache_values(self, totals: dict[str, int]) -> Program[None]:
         options = self._options
-        for name, total in totals.items():
-            key = sharded_value_key(options, name)
-            yield from call(Cache.add, key, total, options.cache_ttl)
+        values = {sharded_value_key(options, name): total for name, total in totals.items()}
+        yield from call(Cache.add_many, values, options.cache_ttl)
 
 
 def _forget(options: Options, deleted: Deleted, stripes: int) -> Program[None]:

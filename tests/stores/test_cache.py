@@ -80,6 +80,18 @@ def test_added_keys_expire_unless_added_without_ttl(cache: Cache, key: str) -> N
     assert cache.get(f"{key}:kept") == 7
 
 
+def test_add_many_sets_the_absent_keys_only(cache: Cache, key: str) -> None:
+    keys = [f"{{{key}:{i}}}" for i in range(5)]  # hash tags: on a cluster, several slots
+    assert cache.add(keys[0], 100, 60)
+    cache.add_many({each: i for i, each in enumerate(keys)}, 60)
+    assert cache.get_many(keys) == {**{each: i for i, each in enumerate(keys)}, keys[0]: 100}
+    cache.add_many({}, 60)
+    cache.add_many({f"{key}:short": 1}, 1)
+    cache.add_many({f"{key}:kept": 2}, None)
+    wait_for(lambda: cache.get(f"{key}:short") is None, "the key to expire after 1 s", 60)
+    assert cache.get(f"{key}:kept") == 2
+
+
 def test_concurrent_increments_are_exact(cache: Cache, key: str) -> None:
     cache.add(key, 0, 60)
 

@@ -29,6 +29,9 @@ class OffloadedCache:
     async def add(self, key: str, value: int, ttl: float | None) -> bool:
         return await asyncio.to_thread(self._cache.add, key, value, ttl)
 
+    async def add_many(self, values: Mapping[str, int], ttl: float | None) -> None:
+        await asyncio.to_thread(self._cache.add_many, dict(values), ttl)
+
     async def incr(self, key: str, delta: int) -> int | None:
         return await asyncio.to_thread(self._cache.incr, key, delta)
 

@@ -37,6 +37,10 @@ class Cache(Protocol):
         absent. Atomic: of concurrent adds exactly one wins. Returns whether this call
         set it."""
 
+    def add_many(self, values: Mapping[str, int], ttl: float | None) -> None:
+        """``add`` of many keys, each set only if absent, in one round trip where the
+        cache can (Redis: one per slot of a cluster). A failure may leave some set."""
+
     def incr(self, key: str, delta: int) -> int | None:
         """Add ``delta`` (may be negative) to ``key`` if present and return the new value;
         an absent key is left absent and None returned. Atomic; keeps the key's TTL."""

@@ -34,12 +34,14 @@ from shardkit import _urls
 from shardkit._program import Blocking, Clock, Program, call, role, rule
 from shardkit._sync.pipes import NodePipes
 from shardkit.cache.redis import (
+    _ADDS,
     _INCR,
     _INCR_MANY,
     Client,
     Held,
     RedisCore,
     RedisRoles,
+    _millis,
     _redis_module,
 )
 from shardkit.errors import BackendError, BackendUnavailable, ConfigurationError
@@ -170,16 +172,27 @@ class ClusterCore(RedisCore):
         """The cluster's primaries, in a stable order."""
         return sorted(node.name for node in self._client.get_primaries())
 
+    def _by_slot(self, values: Mapping[str, int]) -> list[dict[str, int]]:
+        """``values`` in groups of keys that share a slot (as one script's must)."""
+        groups: dict[int, dict[str, int]] = {}
+        for key, value in values.items():
+            groups.setdefault(self._client.keyslot(key), {})[key] = value
+        return list(groups.values())
+
     @rule
     def incr_many(self, deltas: Mapping[str, int]) -> Program[None]:
-        """One script per slot (a script's keys must share one), each sent once (see
-        ``_followed``)."""
-        groups: dict[int, dict[str, int]] = {}
-        for key, delta in deltas.items():
-            groups.setdefault(self._client.keyslot(key), {})[key] = delta
-        for group in groups.values():
+        """One script per slot, each sent once (see ``_followed``)."""
+        for group in self._by_slot(deltas):
             keys, args = list(group), list(group.values())
             yield from self._followed(partial(self._script, _INCR_MANY, keys, args), once=True)
+
+    @rule
+    def add_many(self, values: Mapping[str, int], ttl: float | None) -> Program[None]:
+        """One script per slot, followed to its primary (sent again, it sets nothing
+        twice)."""
+        for group in self._by_slot(values):
+            args = [_millis(ttl), *group.values()]
+            yield from self._followed(partial(self._script, _ADDS, list(group), args), once=False)
 
     @rule
     def bump(self, key: str, delta: int) -> Program[int]:

@@ -103,6 +103,11 @@ class MemcachedCache:
             self._call("adding", self._client.add, _encode_key(key), stored, expire, noreply=False)
         )
 
+    def add_many(self, values: Mapping[str, int], ttl: float | None) -> None:
+        # memcached has no multi-key add: one round trip per key.
+        for key, value in values.items():
+            self.add(key, value, ttl)
+
     def incr(self, key: str, delta: int) -> int | None:
         """``incr``/``decr``. A key the server refuses to increment though it holds a number
         (memcached 1.6.18 now and then does so for a key, and keeps doing so) is rewritten

@@ -93,6 +93,10 @@ class MemoryCache:
             self._store(key, value, math.inf if ttl is None else now + ttl)
             return True
 
+    def add_many(self, values: Mapping[str, int], ttl: float | None) -> None:
+        for key, value in values.items():
+            self.add(key, value, ttl)
+
     def incr(self, key: str, delta: int) -> int | None:
         with self._lock:
             entry = self._live(key, time.monotonic())

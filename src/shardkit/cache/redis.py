@@ -27,6 +27,18 @@ if redis.call('exists', KEYS[1]) == 1 then
 end
 return false
 """
+# SET NX of many keys, ARGV[1] their TTL in ms (0: none), then their values; nothing
+# returned.
+_ADD_MANY = """
+local ttl = tonumber(ARGV[1])
+for i, key in ipairs(KEYS) do
+  if ttl > 0 then
+    redis.call('set', key, ARGV[i + 1], 'NX', 'PX', ttl)
+  else
+    redis.call('set', key, ARGV[i + 1], 'NX')
+  end
+end
+"""
 # The same for many keys, their deltas in ARGV; nothing returned.
 _INCR_MANY_IF_EXIST = """
 for i, key in ipairs(KEYS) do
@@ -119,6 +131,7 @@ class _Script:
 
 
 _INCR = _Script(_INCR_IF_EXISTS)
+_ADDS = _Script(_ADD_MANY)
 _INCR_MANY = _Script(_INCR_MANY_IF_EXIST)
 
 
@@ -184,9 +197,15 @@ class RedisCore:
 
     @rule
     def add(self, key: str, value: int, ttl: float | None) -> Program[bool]:
-        millis = None if ttl is None else max(1, math.ceil(ttl * 1000))
+        millis = _millis(ttl) or None
         added = yield from self._command("adding", call(Client.set, key, value, nx=True, px=millis))
         return bool(added)
+
+    @rule
+    def add_many(self, values: Mapping[str, int], ttl: float | None) -> Program[None]:
+        if values:
+            script = self._script(_ADDS, list(values), [_millis(ttl), *values.values()])
+            yield from self._command("adding", script)
 
     @rule
     def incr(self, key: str, delta: int) -> Program[int | None]:
@@ -228,6 +247,11 @@ class RedisCache(RedisCore, Blocking):
         self._sent_once.close()
         if self._owns_client:
             self._client.close()
+
+
+def _millis(ttl: float | None) -> int:
+    """A TTL in whole milliseconds, at least 1; 0 for none."""
+    return 0 if ttl is None else max(1, math.ceil(ttl * 1000))
 
 
 def _client(kind: Any, url: str, **options: Any) -> Any:
