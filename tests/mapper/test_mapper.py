@@ -324,7 +324,7 @@ def test_a_filtered_select_visits_only_its_rows(kit: shardkit.Kit, tables: Table
     assert_estimate(status, 300, tables.engine)
 
 
-def test_a_batch_holds_its_rows_as_read_and_as_mappings(kit: shardkit.Kit, tables: Tables) -> None:
+def test_a_batch_holds_its_rows_as_read_and_as_dicts(kit: shardkit.Kit, tables: Tables) -> None:
     table = tables.create("rec", _pk("id", sa.Integer), sa.Column("v", sa.Integer, nullable=False))
     with tables.engine.begin() as conn:
         conn.execute(table.insert(), [{"id": i, "v": 2 * i} for i in range(1, 51)])
@@ -333,7 +333,11 @@ def test_a_batch_holds_its_rows_as_read_and_as_mappings(kit: shardkit.Kit, table
 
     def fn(batch: Batch) -> None:
         assert all(isinstance(row, sa.Row) for row in batch.records)
-        assert batch.rows is batch.rows  # the mappings are made once, when first asked for
+        rows = batch.rows  # dicts of the columns by name, whose columns are attributes too
+        assert len(rows) == len(batch.records)
+        assert rows[0] == dict(batch.records[0]._mapping)
+        assert rows[-1].id == batch.records[-1].id
+        assert rows[1:3] == list(rows)[1:3]
         with lock:
             seen.extend(
                 (row.id, row.v, mapped["v"])
