@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Compiled, Connection
+from sqlalchemy.engine import Connection
 
 from shardkit._program import Program, call, run
 from shardkit.mapper.keys import Key, KeyRange, dump_key, load_key
@@ -28,7 +28,6 @@ PENDING, DONE = "pending", "done"
 STAY, SPLIT, LAST = "stay", "split", "last"  # how a page leaves its range (checkpoint)
 RUNNING, COMPLETE, CANCELLED, FAILED = "running", "complete", "cancelled", "failed"
 FINISHED = (COMPLETE, CANCELLED, FAILED)
-_DIVISION_BY_ZERO = "22012"  # SQLSTATE: ``commit_page``'s checkpoint updated no row
 
 
 @dataclass(frozen=True)
@@ -158,14 +157,6 @@ class RangeLedger:
             shape: self._checkpoint_statement(*shape)
             for shape in itertools.product((False, True), (False, True), (STAY, SPLIT, LAST))
         }
-        self.commits_pages = store.combinable and store.engine.dialect.driver == "psycopg"
-        """Whether ``commit_page`` runs here: PostgreSQL through psycopg, on transactions
-        of the store's own (a Django store's may be savepoints of its caller's)."""
-        self._commits = {
-            shape: self._commit_statement(*shape)
-            for shape in itertools.product((False, True), (False, True))
-            if self.commits_pages
-        }
 
     def _range_is(self, job: str, range_id: str) -> Any:
         return sa.and_(self.ranges.c.job == job, self.ranges.c.id == range_id)
@@ -192,18 +183,6 @@ class RangeLedger:
         if end == LAST and not self.store.dialect.is_mysql:
             statement = statement.returning(self._another.scalar_subquery())
         return statement
-
-    def _commit_statement(self, fresh: bool, count_page: bool) -> Compiled:
-        """``commit_page``'s query, before the ``COMMIT`` it appends: the checkpoint that
-        keeps the range pending, made to divide by zero where it updates no row (then
-        PostgreSQL does not run the ``COMMIT`` after it in the same simple query)."""
-        updated = (
-            self._checkpoints[fresh, count_page, STAY]
-            .returning(sa.literal_column("1"))
-            .cte("shardkit_updated")
-        )
-        check = sa.select(sa.literal_column("1") / sa.func.count()).select_from(updated)
-        return check.compile(dialect=self.store.engine.dialect)
 
     # -- jobs ----------------------------------------------------------------------------
 
@@ -374,39 +353,6 @@ class RangeLedger:
         if not children:  # MySQL, without UPDATE … RETURNING
             return [], conn.execute(self._another, params).first() is not None
         return self._insert(conn, job, row.id, children, row.depth + 1, time.time()), False
-
-    # Deliberately ``checkpoint``'s arguments: a committed page is its ``STAY`` checkpoint,
-    # sent with its COMMIT.
-    def commit_page(
-        self,
-        conn: Connection,
-        job: str,
-        row: RangeRow,
-        *,
-        after: Key | None,
-        rows: int,
-        count_page: bool,
-    ) -> bool:
-        """``checkpoint`` with no children (the range stays pending), then commit
-        ``conn``'s transaction: one query, so one round trip. If the range has moved on
-        or its job stopped, the transaction is rolled back instead, the page's other
-        writes with it, and the result is False. Only where ``commits_pages``."""
-        from psycopg import ClientCursor
-
-        driver: Any = conn.connection.driver_connection
-        # Bound client-side: several statements in one query need the simple protocol,
-        # which takes no parameters.
-        compiled = self._commits[row.after is None, count_page]
-        bound = compiled.construct_params(_checkpoint_params(job, row, after, rows))
-        query = ClientCursor(driver).mogrify(compiled.string, bound) + "; COMMIT"
-        try:
-            conn.exec_driver_sql(query, execution_options={"no_parameters": True}).close()
-        except sa.exc.DBAPIError as exc:
-            if getattr(exc.orig, "sqlstate", None) != _DIVISION_BY_ZERO:
-                raise
-            driver.rollback()
-            return False
-        return True
 
     def _insert(
         self,

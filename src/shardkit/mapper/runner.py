@@ -427,21 +427,15 @@ class Mapper:
         return self._checkpoint(tx, job, page)
 
     def _checkpoint(self, tx: Connection | None, job: str, page: _Page) -> _Next | None:
-        """Checkpoint the page (in ``tx``, or on its own). A page that keeps its range
-        pending commits ``tx`` with its checkpoint where the ledger ``commits_pages``
-        (one round trip for both); without ``tx`` it is one autocommitted statement where
-        that is free. None: the range moved on (``tx`` is rolled back, or to be)."""
+        """Checkpoint the page (in ``tx``, or on its own: then a page that keeps its range
+        pending is one autocommitted statement where that is free). None: the range moved
+        on (``tx`` is rolled back, or to be)."""
         row, children = page.row, page.children
         after, rows, count_page = page.after, len(page.rows), not page.taken
         going_on = _Next(
             PENDING,
             row=replace(row, after=after, visited=row.visited + rows, planned=page.planned),
         )
-        if children is None and tx is not None and self.ledger.commits_pages:
-            committed = self.ledger.commit_page(
-                tx, job, row, after=after, rows=rows, count_page=count_page
-            )
-            return going_on if committed else None
 
         def write(conn: Connection) -> _Next | None:
             done = self.ledger.checkpoint(
