@@ -23,6 +23,7 @@ from shardkit._program import Program, call, run
 from shardkit.mapper.keys import Key, KeyRange, dump_key, load_key
 from shardkit.mapper.tables import LedgerStore, LedgerTables, ledger_tables
 from shardkit.store.sql import Sql
+from shardkit.store.sql.dialect import Compiled
 
 PENDING, DONE = "pending", "done"
 STAY, SPLIT, LAST = "stay", "split", "last"  # how a page leaves its range (checkpoint)
@@ -156,6 +157,15 @@ class RangeLedger:
         self._checkpoints = {
             shape: self._checkpoint_statement(*shape)
             for shape in itertools.product((False, True), (False, True), (STAY, SPLIT, LAST))
+        }
+        # A page's checkpoint that keeps its range pending, on PostgreSQL through psycopg
+        # (not Django's: its transactions are its caller's): run on the driver's cursor.
+        self._direct = {
+            (fresh, count_page): Compiled(
+                self._checkpoints[fresh, count_page, STAY], store.engine.dialect
+            )
+            for fresh, count_page in itertools.product((False, True), (False, True))
+            if store.combinable and store.engine.dialect.driver == "psycopg"
         }
 
     def _range_is(self, job: str, range_id: str) -> Any:
@@ -340,8 +350,11 @@ class RangeLedger:
         writer at a time, needs no lock). Returns the children's ids and whether another
         range is held; None if another run got there first, or the job stopped."""
         end = STAY if children is None else SPLIT if children else LAST
-        statement = self._checkpoints[row.after is None, count_page, end]
         params = _checkpoint_params(job, row, after, rows)
+        direct = self._direct.get((row.after is None, count_page)) if end == STAY else None
+        if direct is not None:
+            return ([], False) if direct.run(conn, params) == 1 else None
+        statement = self._checkpoints[row.after is None, count_page, end]
         result = conn.execute(statement, params)
         if end == LAST and not self.store.dialect.is_mysql:
             found = result.first()

@@ -137,18 +137,46 @@ def greatest_of(existing: Any, incoming: Any) -> Any:
 
 
 class Compiled:
-    """A statement compiled once, run on a raw DB-API connection with minimal overhead."""
+    """A statement compiled once, run on a raw DB-API connection with minimal overhead.
+    Its parameters are given by name (its bind parameters'), those with values of their
+    own (literals in the statement) left out; no type's bind processing is applied."""
 
-    def __init__(self, statement: sa.Insert, dialect: sa.Dialect) -> None:
+    def __init__(self, statement: sa.Insert | sa.Update, dialect: sa.Dialect) -> None:
         compiled = statement.compile(dialect=dialect)
         self.sql = compiled.string
         self.order = compiled.positiontup if compiled.positional else None
         self._libpq = dialect.driver == "psycopg" and self.order is None
+        self._own = {
+            name: value
+            for name, value in compiled.construct_params(_check=False).items()
+            if not compiled.binds[name].required
+        }
 
     def params(self, values: Mapping[str, Any]) -> Any:
+        given = {**self._own, **values} if self._own else values
         if self.order is None:
-            return values
-        return tuple(values[key] for key in self.order)
+            return given
+        return tuple(given[key] for key in self.order)
+
+    def run(self, conn: Connection, values: Mapping[str, Any]) -> int:
+        """Run the statement in ``conn``'s transaction, on its DB-API cursor (no
+        SQLAlchemy execution around it; psycopg prepares it once it repeats); return its
+        row count. The driver's errors raise as SQLAlchemy's ``DBAPIError``, a lost
+        connection invalidated as SQLAlchemy would."""
+        dbapi = conn.dialect.loaded_dbapi
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.execute(self.sql, self.params(values))
+            return int(cursor.rowcount)
+        except dbapi.Error as exc:
+            lost = conn.dialect.is_disconnect(exc, conn.connection.dbapi_connection, cursor)
+            if lost:
+                conn.invalidate(exc)
+            raise DBAPIError.instance(
+                self.sql, dict(values), exc, dbapi.Error, connection_invalidated=lost
+            ) from exc
+        finally:
+            cursor.close()
 
     def runner(self, dbapi_connection: Any) -> Callable[[Mapping[str, Any]], object]:
         """A function that runs the statement on ``dbapi_connection``, to keep with it."""
