@@ -45,6 +45,13 @@ for some of those updates; on a table of a few tens of thousands of rows it stil
 * skewed     - ``bench_skewed``: 90 % of the rows at ids 1…0.9·N, the other 10 % evenly
                spread over the 100·N ids above them (every ≈ 1000th id)
 * string     - ``bench_names``: ``md5(g::text)`` for g = 1…N, in the database's collation
+* sparse     - ``bench_sparse``: ids 1000, 2000, … 1000·N
+* clustered  - ``bench_clustered``: blocks of 10,000 consecutive ids, 10⁹ apart
+* composite  - ``bench_tenants``: the key ``(tenant, id)``, 4 tenants of N/4 ids each (``id``
+               unique too: the loops written by hand walk it, ``fn`` updates by it)
+* prefixed   - ``bench_prefixed``: ``'customer/eu-west-1/account/'`` and g = 1…N in 10 digits
+
+The first three run by default; ``--keys`` names others.
 
 Extrapolating ``offset``: PostgreSQL reads and throws away the ``offset`` rows before a
 page, so reading page i costs ``a + b·i``, growing linearly with its number; the rest of
@@ -126,7 +133,8 @@ FNS = ("update", "noop")
 TARGET_IO_WAIT = 0.005
 TARGET_VS_FIXED = 0.9  # sequential keys: shardkit ÷ fixed
 TARGET_VS_KEYSET = {"skewed": 3.5, "string": 3.0}  # shardkit ÷ keyset
-TARGET_TUPLES = 1.25  # tuples read per row visited, fn = noop
+TARGET_SKEW = 0.9  # skewed keys: shardkit ÷ keyset, over fixed ÷ keyset on sequential keys
+TARGET_TUPLES = 1.1  # tuples read per row visited, fn = noop
 TARGET_CPU = 1.15  # CPU seconds, shardkit ÷ fixed
 MB = 1024 * 1024
 FIT_BINS = 40  # runs of consecutive pages whose median read times the offset fit uses
@@ -143,7 +151,11 @@ class Keys:
     sql_type: str
     fill: str
     """``INSERT INTO {table} SELECT <id>, 0 FROM generate_series(1, :n) AS g``, with
-    ``:dense`` and ``:step`` (the skewed keys') bound too."""
+    ``:dense`` and ``:step`` (the skewed keys') bound too; with ``tenants``,
+    ``SELECT <tenant>, <id>, 0``."""
+    tenants: bool = False
+    """Whether the key is ``(tenant, id)``: a first part of few values (``id`` is unique
+    too, and what the loops written by hand walk)."""
 
     def label(self, rows: int) -> str:
         """The table's comment: which rows it holds, and how they were laid out."""
@@ -158,21 +170,31 @@ class Keys:
                 f"ids 1…{dense:,}, then {rows - dense:,} ids every {step:,} up to "
                 f"{dense + (rows - dense) * step:,}"
             )
-        return "md5(1…N) as text"
+        return {
+            "sparse": f"ids 1,000, 2,000, … {rows * 1000:,}",
+            "clustered": f"blocks of {BLOCK:,} consecutive ids, {GAP:,} apart",
+            "composite": f"(tenant, id): {TENANTS} tenants of {rows // TENANTS:,} ids each",
+            "prefixed": f"'{PREFIXED}' followed by 1…N in 10 digits",
+        }.get(self.kind, "md5(1…N) as text")
 
     def sa_table(self) -> sa.Table:
         key_type: sa.types.TypeEngine[Any] = (
             sa.Text() if self.sql_type == "text" else sa.BigInteger()
         )
+        tenant = [sa.Column("tenant", sa.Integer, primary_key=True, autoincrement=False)]
         return sa.Table(
             self.table,
             sa.MetaData(),
+            *(tenant if self.tenants else []),
             sa.Column("id", key_type, primary_key=True, autoincrement=False),
             sa.Column("balance", sa.BigInteger, nullable=False),
         )
 
 
-SERIES = "FROM generate_series(1, CAST(:n AS bigint)) AS g ORDER BY 1"
+SERIES = "FROM generate_series(1, CAST(:n AS bigint)) AS g ORDER BY 1, 2"
+BLOCK, GAP = 10_000, 1_000_000_000  # the clustered keys' blocks and their distance
+TENANTS = 4  # the composite keys' first part
+PREFIXED = "customer/eu-west-1/account/"  # the prefix every prefixed key shares
 KEYS = {
     keys.kind: keys
     for keys in (
@@ -185,6 +207,26 @@ KEYS = {
             f"{SERIES}",
         ),
         Keys("string", "bench_names", "text", f"SELECT md5(g::text), 0 {SERIES}"),
+        Keys("sparse", "bench_sparse", "bigint", f"SELECT g * 1000, 0 {SERIES}"),
+        Keys(
+            "clustered",
+            "bench_clustered",
+            "bigint",
+            f"SELECT (g - 1) / {BLOCK} * {GAP} + (g - 1) % {BLOCK} + 1, 0 {SERIES}",
+        ),
+        Keys(
+            "composite",
+            "bench_tenants",
+            "bigint",
+            f"SELECT 1 + (g - 1) * {TENANTS} / :n, g, 0 {SERIES}",
+            tenants=True,
+        ),
+        Keys(
+            "prefixed",
+            "bench_prefixed",
+            "text",
+            f"SELECT '{PREFIXED}' || lpad(g::text, 10, '0'), 0 {SERIES}",
+        ),
     )
 }
 
@@ -307,15 +349,18 @@ def prepare_table(engine: sa.Engine, keys: Keys, rows: int, console: Console) ->
         conn.execute(sa.text(f"DROP TABLE IF EXISTS {keys.table}"))
         conn.execute(
             sa.text(
-                f"CREATE TABLE {keys.table} (id {keys.sql_type} NOT NULL, balance bigint NOT NULL) "
-                "WITH (fillfactor = 50)"
+                f"CREATE TABLE {keys.table} ({'tenant int NOT NULL, ' if keys.tenants else ''}"
+                f"id {keys.sql_type} NOT NULL, balance bigint NOT NULL) WITH (fillfactor = 50)"
             )
         )
         conn.execute(
             sa.text(f"INSERT INTO {keys.table} {keys.fill}"),
             {"n": rows, "dense": dense, "step": step},
         )
-        conn.execute(sa.text(f"ALTER TABLE {keys.table} ADD PRIMARY KEY (id)"))
+        primary = "tenant, id" if keys.tenants else "id"
+        conn.execute(sa.text(f"ALTER TABLE {keys.table} ADD PRIMARY KEY ({primary})"))
+        if keys.tenants:  # what the loops by hand walk, and fn's UPDATE finds rows by
+            conn.execute(sa.text(f"ALTER TABLE {keys.table} ADD UNIQUE (id)"))
         conn.execute(sa.text(f"COMMENT ON TABLE {keys.table} IS '{label}'"))
     vacuum(engine, keys.table)
     console.print(
@@ -707,9 +752,12 @@ def checked(
     return result
 
 
+DEFAULT_KEYS = ["sequential", "skewed", "string"]
+
+
 def choose_keys(parser: argparse.ArgumentParser, text: str | None) -> list[str]:
     if text is None:
-        return list(KEYS)
+        return DEFAULT_KEYS
     wanted = {k.strip() for k in text.split(",") if k.strip()}
     if unknown := wanted - set(KEYS):
         parser.error(f"unknown keys {', '.join(sorted(unknown))}; choose from {tuple(KEYS)}")
@@ -736,7 +784,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--fn", choices=FNS, default="update", help="update and wait (default), or nothing"
     )
-    parser.add_argument("--keys", help=f"comma-separated, of {','.join(KEYS)} (default all)")
+    parser.add_argument(
+        "--keys", help=f"comma-separated, of {','.join(KEYS)} (default {','.join(DEFAULT_KEYS)})"
+    )
     parser.add_argument(
         "--batch",
         choices=("records", "rows"),
@@ -783,9 +833,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    console = report_console(width=180)
+def measure(
+    args: argparse.Namespace, console: Console
+) -> tuple[list[Result], dict[str, int], TupleReads]:
+    """Run every mode of ``args`` on each kind of key, ``args.repeat`` rounds; return
+    each mode's median run, a page's bytes by kind of key (with ``--memory``), and the
+    reads of ``pg_stat`` (how they settled)."""
     prefix = f"skbench{uuid.uuid4().hex[:8]}_"
     results: list[Result] = []
     one_page: dict[str, int] = {}
@@ -843,6 +896,13 @@ def main(argv: list[str] | None = None) -> int:
             results.extend(median(runs_of_mode) for runs_of_mode in rounds.values())
             if args.memory and "shardkit" in args.modes:
                 one_page[kind] = page_bytes(engine, keys, args.page_size)
+    return results, one_page, reads
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = report_console(width=180)
+    results, one_page, reads = measure(args, console)
     console.print(f"load average {load()} ({os.cpu_count()} CPUs)")
     console.print(results_table(results, args))
     for line in notes(results, args, one_page, reads):
@@ -991,7 +1051,7 @@ def notes(
         "idx_tup_read of its indexes (pg_stat_user_indexes), index-only scans included"
         + (
             "; fn's UPDATE fetches each row once by index, so both include 1.0 per row of "
-            "fn's own (the target of ≤ 1.25 tuples per row is for --fn noop)"
+            f"fn's own (the target of ≤ {TARGET_TUPLES:g} tuples per row is for --fn noop)"
             if args.fn == "update"
             else ""
         )
@@ -1072,6 +1132,17 @@ def targets(results: list[Result], args: argparse.Namespace) -> list[str]:
             lines.append(
                 f"target, {kind} keys: shardkit ÷ keyset ≥ {goal:g}x{speed_note}: "
                 f"{ratio:.2f}x {mark(ratio >= goal)}{beside}"
+            )
+        even = [find(results, "sequential", mode) for mode in ("fixed", "keyset")]
+        if kind == "skewed" and base and even[0] and even[1]:
+            # Skew must cost nothing: the speed-up over one loop that a fixed split gets
+            # where the keys are even.
+            goal = TARGET_SKEW * rate(even[0], args) / rate(even[1], args)
+            ratio = rate(fast, args) / rate(base, args)
+            lines.append(
+                f"target, skewed keys: shardkit ÷ keyset ≥ {TARGET_SKEW:g} of what fixed ÷ "
+                f"keyset gets on sequential keys ({goal:.2f}x){speed_note}: {ratio:.2f}x "
+                f"{mark(ratio >= goal)}"
             )
         if fast.tuples is not None and fast.rows:
             per_row = fast.tuples / fast.rows
