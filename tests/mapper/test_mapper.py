@@ -1002,6 +1002,35 @@ def second_page_trips(
     return trips
 
 
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)  # its block counts
+def test_a_page_past_a_checkpoint_walks_a_composite_keys_index_from_there(
+    tables: Tables,
+) -> None:
+    """PostgreSQL keeps the tighter of two bounds on one column, not of two row values:
+    given the range's start and the checkpoint, it walks a composite key's index from
+    the start. Read past the checkpoint (``KeyRange.past``), a page starts there."""
+    table = tables.create("wide", _pk("tenant", sa.Integer), _pk("n", sa.Integer))
+    with tables.engine.begin() as conn:
+        conn.execute(table.insert(), [{"tenant": t, "n": n} for t in (1, 2) for n in range(5000)])
+        conn.exec_driver_sql(f"ANALYZE {table.name}")
+    source = TableSource(table, ("tenant", "n"))
+    rng, after = KeyRange((1, 0), (2, 100)), (1, 4900)
+    fetched = sa.text("SELECT pg_stat_get_xact_blocks_fetched(CAST(:index AS regclass))")
+    with tables.engine.begin() as conn:
+
+        def blocks(read: Callable[[], list[Any]]) -> tuple[list[Any], int]:
+            before = conn.execute(fetched, {"index": f"{table.name}_pkey"}).scalar_one()
+            rows = read()
+            after_read = conn.execute(fetched, {"index": f"{table.name}_pkey"}).scalar_one()
+            return rows, after_read - before
+
+        past, from_there = blocks(lambda: source.page(conn, rng.past(after), after, 20))
+        bounded, from_start = blocks(lambda: source.page(conn, rng, after, 20))
+    assert past == bounded  # the same page: (1, 4901) … (1, 4920)
+    assert [tuple(row) for row in past][:2] == [(1, 4901), (1, 4902)]
+    assert from_there <= 4 < from_start
+
+
 @pytest.mark.parametrize("store_url", ["postgres"], indirect=True)  # libpq's trace
 def test_a_transactional_page_is_its_read_fns_statements_and_its_checkpoint(
     kit: shardkit.Kit, tables: Tables, tmp_path: Path

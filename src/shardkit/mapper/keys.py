@@ -90,6 +90,13 @@ class KeyRange:
         bounds.append(self.hi)
         return [KeyRange(lo, hi) for lo, hi in itertools.pairwise(bounds)]
 
+    def past(self, after: Key | None) -> KeyRange:
+        """This range for reading past ``after`` (one of its keys; None: from its start):
+        without its lower bound then, which every key above ``after`` is above. (A
+        database keeps the tighter of two bounds on one column, not of two row values,
+        and would walk a composite key's index from ``lo``.)"""
+        return self if after is None else KeyRange(None, self.hi)
+
     def contains(self, key: Key) -> bool:
         """Whether ``key`` is in this range in Python's order (the database's for ints,
         bytes and UUIDs)."""

@@ -72,7 +72,7 @@ class Planner:
             if not idle:
                 return None, row.planned
             leaf = (row.planned - done) // (idle + 1)  # a share for each idle worker
-        bounds = spec.source.bounds(conn, row.range, after)
+        bounds = spec.source.bounds(conn, row.range.past(after), after)
         if bounds is None:
             return [], row.planned
         # Python's order only orients the arithmetic: the database places the points.

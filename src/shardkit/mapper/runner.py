@@ -407,7 +407,7 @@ class Mapper:
                 return _Next(DONE, pending, complete=not pending)
             if state != PENDING or tx is not None:  # not taken, yet pending: resumed; again
                 return _Next(state)
-        rows = spec.source.page(conn, row.range, row.after, spec.page_size)
+        rows = spec.source.page(conn, row.range.past(row.after), row.after, spec.page_size)
         # The page before is let go here, just after this one was made, not when its
         # step ended: CPython's collector runs when new objects outnumber those freed by
         # 700, and workers each holding a page through fn's I/O set it off every page or
