@@ -211,9 +211,10 @@ class Compiled:
                 raise errors.error_from_result(result, encoding=encoding)
 
         def text(values: Mapping[str, Any]) -> list[bytes]:
+            given = self.params(values)
             return [
                 value.encode(encoding) if isinstance(value, str) else b"%d" % value
-                for value in (values[name] for name in names)
+                for value in (given[name] for name in names)
             ]
 
         if conn.prepare_threshold is None:
