@@ -76,10 +76,12 @@ the tuples PostgreSQL read from the table per row visited: ``seq_tup_read +
 idx_tup_fetch`` of ``pg_stat_user_tables``, read before and after the run; next to it the
 entries read from the table's indexes per row (``idx_tup_read`` of
 ``pg_stat_user_indexes``), which counts index-only scans too (keys read alone, which
-``idx_tup_fetch`` does not count). A backend reports its counts when it goes idle, at
-most once a second (up to 10 s later if it stays idle), and at exit, so they are read
-with every connection that touched the table closed (the checks' before the run, the
-mode's after it), polled until two reads 0.5 s apart agree. ``fn``'s ``UPDATE`` fetches
+``idx_tup_fetch`` does not count), and the index blocks it touched per 1,000 rows
+(``idx_blks_hit + idx_blks_read`` of ``pg_statio_user_indexes``: entries an index scan
+walks past without returning them show there only). A backend reports its counts when
+it goes idle, at most once a second (up to 10 s later if it stays idle), and at exit, so
+they are read with every connection that touched the table closed (the checks' before
+the run, the mode's after it), polled until two reads 0.5 s apart agree. ``fn``'s ``UPDATE`` fetches
 each row once by index, so with ``--fn update`` both figures include 1.0 per row of
 ``fn``'s own. For ``shardkit``: the depth of its range tree (``status.depth``), its pages,
 and its ranges (ledger rows) per million rows.
@@ -260,6 +262,8 @@ class Result:
     """Tuples PostgreSQL read from the table during the run (seq_tup_read + idx_tup_fetch)."""
     entries: int | None = None
     """Entries PostgreSQL read from the table's indexes during the run (idx_tup_read)."""
+    blocks: int | None = None
+    """Blocks of the table's indexes PostgreSQL touched during the run."""
     settled: bool = True
     """Whether pg_stat's counts settled before and after the run."""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -651,7 +655,9 @@ class TupleReads:
     STATEMENT = sa.text(
         "SELECT coalesce(t.seq_tup_read, 0) + coalesce(t.idx_tup_fetch, 0), "
         "(SELECT coalesce(sum(i.idx_tup_read), 0) FROM pg_stat_user_indexes AS i "
-        "WHERE i.relid = t.relid) "
+        "WHERE i.relid = t.relid), "
+        "(SELECT coalesce(sum(b.idx_blks_hit + b.idx_blks_read), 0) "
+        "FROM pg_statio_user_indexes AS b WHERE b.relid = t.relid) "
         "FROM pg_stat_user_tables AS t WHERE t.relid = to_regclass(:table)"
     )
 
@@ -660,13 +666,14 @@ class TupleReads:
         self.waits: list[float] = []
         """Seconds each settled read took."""
 
-    def read(self, table: str) -> tuple[int, int]:
+    def read(self, table: str) -> tuple[int, int, int]:
+        """Tuples read from ``table``, entries read from its indexes, index blocks touched."""
         with self.engine.connect() as conn:
             conn.execute(sa.text("SELECT pg_stat_clear_snapshot()"))  # no cached snapshot
-            tuples, entries = conn.execute(self.STATEMENT, {"table": table}).one()
-        return int(tuples), int(entries)
+            tuples, entries, blocks = conn.execute(self.STATEMENT, {"table": table}).one()
+        return int(tuples), int(entries), int(blocks)
 
-    def settled(self, table: str) -> tuple[tuple[int, int], bool]:
+    def settled(self, table: str) -> tuple[tuple[int, int, int], bool]:
         """The counts once two reads ``SETTLE_INTERVAL`` apart agree (the last read and
         False after ``SETTLE_DEADLINE``). Close the connections that read the table first:
         their backends report at exit, or when idle but up to 10 s late."""
@@ -738,6 +745,7 @@ def checked(
     after, settled_after = reads.settled(balances.source)
     result.tuples = after[0] - before[0]
     result.entries = after[1] - before[1]
+    result.blocks = after[2] - before[2]
     result.settled = settled and settled_after
     moved = total_balance(engine, balances.source) - before_total
     plus_one, other = balances.changes()
@@ -889,7 +897,7 @@ def measure(
                         f"sum(balance) moved by {result.extra['moved']:,}; rows +1: "
                         f"{result.extra['plus_one']:,}, rows changed otherwise: "
                         f"{result.extra['other']:,}; tuples read {result.tuples:,}, index entries "
-                        f"{result.entries:,}"
+                        f"{result.entries:,}, index blocks {result.blocks:,}"
                         f"{'' if result.settled else ' (pg_stat did not settle)'}"
                         f": {'[green]exact[/]' if result.exact else '[red]WRONG[/]'}"
                     )
@@ -982,6 +990,7 @@ def results_table(results: list[Result], args: argparse.Namespace) -> Table:
         "machine CPU s",
         "tuples/row",
         "index entries/row",
+        "index blocks/1k rows",
         "checked",
         "depth",
         "pages",
@@ -1008,6 +1017,9 @@ def results_table(results: list[Result], args: argparse.Namespace) -> Table:
         unsettled = "" if r.settled else "?"
         tuples = "-" if r.tuples is None or not r.rows else f"{r.tuples / r.rows:.2f}{unsettled}"
         entries = "-" if r.entries is None or not r.rows else f"{r.entries / r.rows:.2f}{unsettled}"
+        blocks = (
+            "-" if r.blocks is None or not r.rows else f"{1000 * r.blocks / r.rows:.1f}{unsettled}"
+        )
         cells = [
             r.keys,
             r.mode + (" (extrapolated)" if r.extrapolated else ""),
@@ -1021,6 +1033,7 @@ def results_table(results: list[Result], args: argparse.Namespace) -> Table:
             "-" if r.machine is None or r.extrapolated else f"{r.machine:.2f}",
             tuples,
             entries,
+            blocks,
             checked_text,
         ]
         if r.mode.startswith("shardkit"):
@@ -1048,7 +1061,9 @@ def notes(
         "the database and anything else running), so what a mode costs the server shows "
         "there; tuples/row: seq_tup_read + idx_tup_fetch of the "
         "table (pg_stat_user_tables) during the run ÷ rows visited; index entries/row: "
-        "idx_tup_read of its indexes (pg_stat_user_indexes), index-only scans included"
+        "idx_tup_read of its indexes (pg_stat_user_indexes), index-only scans included; "
+        "index blocks/1k rows: idx_blks_hit + idx_blks_read of its indexes "
+        "(pg_statio_user_indexes), entries walked past without being returned included"
         + (
             "; fn's UPDATE fetches each row once by index, so both include 1.0 per row of "
             f"fn's own (the target of ≤ {TARGET_TUPLES:g} tuples per row is for --fn noop)"
