@@ -236,9 +236,10 @@ def range_ids(kit: shardkit.Kit, job: str) -> list[str]:
 
 
 def ledger_rows(kit: shardkit.Kit) -> tuple[int, int]:
-    """How many jobs and ranges the ledger holds."""
+    """How many jobs and ranges the ledger holds (its tables made if missing, as the
+    kit's mapper makes them)."""
     store = sql_store(kit)
-    tables = ledger_tables(store.prefix)
+    tables = kit.mapper.ledger.tables
     with store.engine.connect() as conn:
         jobs = conn.execute(sa.select(sa.func.count()).select_from(tables.jobs))
         ranges = conn.execute(sa.select(sa.func.count()).select_from(tables.ranges))
