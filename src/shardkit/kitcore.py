@@ -131,7 +131,7 @@ class KitCore(Generic[_S, _B, _M, _I]):
             lambda info: self.sharded_form(info, self._options),
             1 if auto else fixed,
             sharded=True,
-            grow=not auto and fixed is not None,
+            grow=fixed is not None,
         )
         if auto:
             counter.size_automatically(self.roles.store.row_locks)

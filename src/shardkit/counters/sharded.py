@@ -138,9 +138,10 @@ class ShardedCore(CounterCore):
         if self._look_due(_SHARDS_REFRESH):
             yield from self._refresh_shards()
         shard = ticket % self._shards
-        started = time.perf_counter()
+        sized = self._sizing is not None  # an automatic counter times its writes
+        started = time.perf_counter() if sized else 0.0
         applied = yield from call(Store.add_many, self.name, shard, writes)
-        if self._sizing is not None:
+        if sized:
             yield from ShardedCore.wrote.program(self, time.perf_counter() - started)
         moved = sum(delta for (delta, _), ok in zip(writes, applied, strict=True) if ok)
         if moved:
@@ -178,13 +179,11 @@ class ShardedCore(CounterCore):
             if shards is None:
                 return
             before = self._shards
-            info = yield from call(Store.open_counter, self.name, self.kind, shards)
+            yield from ShardedCore.grow.program(self, shards)
         except ShardkitError as exc:
             self._options.failures.failed(_GROWING, "failed while %s: %s", _GROWING, exc)
             return
         self._options.failures.worked(_GROWING)
-        self._hold(info)
-        self._shards = max(self._shards, info.shards)
         metrics.meter.grew(self.kind)
         log.info(
             "sharded counter %r grew from %d to %d shards: %d writers a second, "

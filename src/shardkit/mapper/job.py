@@ -64,7 +64,7 @@ class RowDicts(Sequence[RowDict]):
     def __getitem__(self, index: slice) -> list[RowDict]: ...
     def __getitem__(self, index: int | slice) -> RowDict | list[RowDict]:
         if isinstance(index, slice):
-            return list(map(RowDict, map(self._make, self._records[index])))
+            return list(RowDicts(self._records[index]))
         return RowDict(self._make(self._records[index]))
 
     def __iter__(self) -> Iterator[RowDict]:
