@@ -149,6 +149,14 @@ def test_a_scheduled_flush_reports_its_lag(kit: shardkit.Kit, name: str) -> None
         began = time.time() // 0.2 * 0.2  # the start of the interval the increment falls in
         hits.incr(3)
         wait_for(lambda: hits.parts().stored == 3, "the scheduled flush", 10)
+        # Its lag is observed when the flush task returns, after the store has the sum.
+        wait_for(
+            lambda: (
+                change(before, scrape(url), "shardkit_flush_lag_seconds_count", interval="0.2") > 0
+            ),
+            "the flush's lag to be observed",
+            10,
+        )
         flushed_by = time.time()
         after = scrape(url)
     finally:
