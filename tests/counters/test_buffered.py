@@ -10,15 +10,22 @@ import pytest
 import sqlalchemy as sa
 
 import shardkit
-from backends import CACHE_URLS, PREFIX, Target, require, run_together, store_url_for, wait_for
+from backends import (
+    CACHE_URLS,
+    NEVER,
+    PREFIX,
+    Target,
+    require,
+    run_together,
+    store_url_for,
+    wait_for,
+)
 from shardkit.counters.buffered import Parts
 from shardkit.counters.buffered import _keys as buffered_keys
 from shardkit.errors import CounterKindMismatch, InvalidDelta, ValidationError
 from shardkit.executor import LocalExecutor
 from shardkit.store.base import RETIRED
 from shardkit.store.sql import SqlStore
-
-NEVER = 3600.0  # an interval whose scheduled flush does not come due during a test
 
 
 def test_increments_wait_in_the_cache_until_flushed(kit: shardkit.Kit, name: str) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import shardkit
-from backends import Target, wait_for
+from backends import NEVER, Target, wait_for
 from received import increments_received, row_writes
 from shardkit._sync.combine import Combiner
 from shardkit.counters.buffered import Sides
@@ -310,7 +310,7 @@ def test_concurrent_buffered_increments_share_one_cache_command(
     store_url: str, own_cache_url: str, name: str, threads: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with Target(store_url, own_cache_url).connect() as kit:
-        likes = kit.buffered(name, interval=60)
+        likes = kit.buffered(name, interval=NEVER)
         likes.incr()  # its generation exists: every bump below is one command
         cache: Any = kit.cache
         real = cache.bump

@@ -11,13 +11,11 @@ import pytest
 import sqlalchemy as sa
 
 import shardkit
-from backends import PREFIX, Target, run_together
+from backends import NEVER, PREFIX, Target, run_together
 from shardkit.counters.buffered import Parts
 from shardkit.counters.buffered import _keys as buffered_keys
 from shardkit.errors import CounterNotFound, ValidationError
 from shardkit.store.sql import SqlStore
-
-NEVER = 3600.0  # an interval whose scheduled flush does not come due during a test
 
 
 def rows_of(kit: shardkit.Kit, name: str) -> dict[str, int]:

@@ -22,7 +22,7 @@ import redis
 
 import buffered_workers as bw
 import shardkit
-from backends import PREFIX, store_url_for, wait_for
+from backends import NEVER, PREFIX, store_url_for, wait_for
 from shardkit.counters.buffered import Parts
 
 FORK = multiprocessing.get_context("fork")
@@ -126,11 +126,11 @@ def test_flushes_killed_at_every_crash_point_never_lose_or_double(
     point of a flush: what the store holds is exactly what the flushes that committed
     moved, and a last flush moves the rest, exactly."""
     began = time.monotonic()
-    writers = Writers(where, name, 3, signed=True, interval=bw.NEVER, flushing=False)
+    writers = Writers(where, name, 3, signed=True, interval=NEVER, flushing=False)
     killed = dict.fromkeys(bw.STAGES, 0)
     moved_by_kills = 0  # by flushes that committed and then died
     with bw.connect(where, flushing=False) as kit:
-        counter = kit.buffered(name, interval=bw.NEVER)
+        counter = kit.buffered(name, interval=NEVER)
         with _processes(bw.writer, writers.args) as procs:
             writers.start.set()
             wait_for(lambda: _alive(procs, writers.queue) and min(writers.done) > 0, "writes")
@@ -260,7 +260,7 @@ FLUSH_CALLS = 600  # at least, in all
 
 @pytest.mark.slow
 def test_concurrent_flushes_never_apply_a_count_twice(where: bw.Where, name: str) -> None:
-    writers = Writers(where, name, 2, signed=True, interval=bw.NEVER, flushing=False)
+    writers = Writers(where, name, 2, signed=True, interval=NEVER, flushing=False)
     slots = (RACING_PROCESSES + 1) * THREADS
     calls = FORK.RawArray("q", slots)
     stop = FORK.Event()
@@ -270,7 +270,7 @@ def test_concurrent_flushes_never_apply_a_count_twice(where: bw.Where, name: str
         for slot in range(RACING_PROCESSES)
     ]
     with bw.connect(where, flushing=False) as kit:
-        counter = kit.buffered(name, interval=bw.NEVER)
+        counter = kit.buffered(name, interval=NEVER)
         conflicts = bw.count_conflicts(kit)
         with _processes(bw.writer, writers.args), _processes(bw.racing_flusher, args) as procs:
             moved: list[int] = []

@@ -19,7 +19,7 @@ import pytest
 import sqlalchemy as sa
 
 import workers
-from backends import CACHE_URLS, Target, require, store_url_for, wait_for
+from backends import CACHE_URLS, NEVER, Target, require, store_url_for, wait_for
 
 SPAWN = multiprocessing.get_context("spawn")
 DEADLINE = 90.0  # seconds: a generous bound for anything a test waits for
@@ -253,7 +253,7 @@ def test_killed_writers_lose_at_most_their_in_flight_increment(
     kill_after = [rng.randint(30, 150) for _ in range(KILLED)]
     with target.connect() as kit:
         if kind == "buffered":
-            counter: Any = kit.buffered(name, interval=3600)
+            counter: Any = kit.buffered(name, interval=NEVER)
         else:
             counter = kit.sharded(name, shards=FIRST_SHARDS)
         args = [

@@ -17,7 +17,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 import shardkit
-from backends import PREFIX, free_port, store_url_for
+from backends import NEVER, PREFIX, free_port, store_url_for
 from servers import ClusterNode, Cutter, RedisClusterServers, Writers, running
 from shardkit import BufferedCounter
 from shardkit.aio.cluster import AsyncRedisClusterCache
@@ -46,9 +46,9 @@ def test_stripes_spread_one_hot_counter_over_every_primary(
     primaries = redis_cluster.primaries()
     with shardkit.connect(sqlite_url, redis_cluster.url, prefix=PREFIX) as kit:
         assert isinstance(kit.cache, RedisClusterCache)
-        striped = kit.buffered(name, interval=3600)
+        striped = kit.buffered(name, interval=NEVER)
         assert striped.stripes == len(primaries) == 3  # the cache's default: one each
-        single = kit.buffered(f"{name}:single", interval=3600, stripes=1)
+        single = kit.buffered(f"{name}:single", interval=NEVER, stripes=1)
         spread = {}
         for counter in (striped, single):
             before = incrbys(primaries)
@@ -71,7 +71,7 @@ def test_a_primary_killed_under_load_loses_only_pending_and_repeats_no_id(
     with running(RedisClusterServers) as cluster:  # its own: it breaks it
         kit = shardkit.connect(store, cluster.url, prefix=PREFIX)
         sharded = kit.sharded(name, shards=8)
-        buffered = kit.buffered(f"{name}:buffered", interval=3600)
+        buffered = kit.buffered(f"{name}:buffered", interval=NEVER)
         ids = kit.ids(f"{name}:ids", block=50)
         taken: list[int] = []
         kinds = ("sharded", "buffered", "ids")
@@ -214,7 +214,7 @@ def test_names_with_braces_keep_their_stripes_apart(
     with shardkit.connect(sqlite_url, redis_cluster.url, prefix=PREFIX) as kit:
         cache = kit.cache
         assert isinstance(cache, RedisClusterCache)
-        counter = kit.buffered(f"}}{name}{{x}}", interval=3600)
+        counter = kit.buffered(f"}}{name}{{x}}", interval=NEVER)
         for _ in range(300):
             counter.incr()
         generations = kit.store.generations([counter.name])[counter.name]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import shardkit
-from backends import PREFIX
+from backends import NEVER, PREFIX
 
 
 @pytest.fixture
@@ -62,7 +62,7 @@ def test_every_kind_keeps_to_its_store(kits: list[shardkit.Kit]) -> None:
     name = f"test:shared:{uuid.uuid4().hex}"
     for kit, by in ((staging, 5), (production, 7)):
         kit.sharded(f"{name}:s", shards=4).incr(by)
-        kit.buffered(f"{name}:b", interval=60).incr(by)
+        kit.buffered(f"{name}:b", interval=NEVER).incr(by)
         monotonic = kit.monotonic(f"{name}:m", shards=4)
         for _ in range(by):
             monotonic.incr()
@@ -70,13 +70,13 @@ def test_every_kind_keeps_to_its_store(kits: list[shardkit.Kit]) -> None:
         sharded = kit.sharded(f"{name}:s")
         assert sharded.value() == sharded.value(fresh=True) == by  # the cached read as well
         assert kit.values([f"{name}:s"]) == {f"{name}:s": by}
-        assert kit.buffered(f"{name}:b", interval=60).value() == by
+        assert kit.buffered(f"{name}:b", interval=NEVER).value() == by
         assert kit.monotonic(f"{name}:m").value() == by
     for kit, by in ((staging, 5), (production, 7)):
         kit.sharded(f"{name}:s").incr(1)  # adjusts this store's cached value only
         assert kit.sharded(f"{name}:s").value() == by + 1
         assert kit.flush_all() == {f"{name}:b": by}
-        assert kit.buffered(f"{name}:b", interval=60).parts() == shardkit.Parts(by, 0)
+        assert kit.buffered(f"{name}:b", interval=NEVER).parts() == shardkit.Parts(by, 0)
 
 
 def test_ids_never_repeat_within_a_store(

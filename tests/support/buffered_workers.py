@@ -22,11 +22,11 @@ from typing import Any
 
 import shardkit
 import shardkit.aio
+from backends import NEVER
 from shardkit.executor import Marks, Task
 
 Where = tuple[str, str, str]  # (store URL, cache URL, table prefix)
 TIMEOUT = 60.0  # seconds any worker waits for its start signal or a condition
-NEVER = 3600.0  # an interval whose scheduled flush does not come due during a test
 
 # The three points at which a flush can die.
 BEFORE_READ = 1  # before reading the cache's sums
