@@ -27,6 +27,7 @@ from backends import (
     wait_for,
 )
 from celery_app import Config
+from hosts import Host
 
 # Database 10 keeps the workers' records and is the kits' cache.
 CACHE = os.environ.get("SHARDKIT_TEST_CELERY_CACHE", redis_database(10))
@@ -47,11 +48,15 @@ class Workers:
         self.beats: list[subprocess.Popen[bytes]] = []
 
     def start(
-        self, pool: str = "prefork", fault: str = "", env: Mapping[str, str] | None = None
+        self,
+        pool: str = "prefork",
+        fault: str = "",
+        env: Mapping[str, str] | None = None,
+        host: Host | None = None,
     ) -> subprocess.Popen[bytes]:
-        """Start a worker (with ``env`` added to its environment) and wait until it is
-        ready to consume (or, with a fault, for it to be killed already: a worker may run
-        a task before it says it is ready)."""
+        """Start a worker (with ``env`` added to its environment; on ``host``, if given)
+        and wait until it is ready to consume (or, with a fault, for it to be killed
+        already: a worker may run a task before it says it is ready)."""
         number = len(self.started)
         config = replace(self.config, fault=fault)
         env = {**self._environ(config), **(env or {})}
@@ -76,7 +81,7 @@ class Workers:
         ]
         with open(self.logs / f"worker-{number}.log", "wb") as log:
             process = subprocess.Popen(
-                command,
+                host.command(command) if host is not None else command,
                 cwd=SUPPORT,
                 env=env,
                 stdin=subprocess.DEVNULL,

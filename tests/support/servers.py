@@ -27,9 +27,9 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import psycopg
 import pytest
@@ -39,6 +39,9 @@ from sqlalchemy.engine import make_url
 
 from backends import CI, free_port, wait_for
 from shardkit.errors import BackendUnavailable
+
+if TYPE_CHECKING:
+    from hosts import Host
 
 STARTUP = 30.0  # seconds a server may take to answer (PostgreSQL replays its WAL)
 SHUTDOWN = 15.0  # seconds a server may take to exit before it is SIGKILLed
@@ -55,6 +58,9 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
+P = TypeVar("P", bound="Server")
+
+
 class Server:
     """One server process on 127.0.0.1:``port``, with its files in a temporary directory.
 
@@ -67,6 +73,8 @@ class Server:
     name = "server"
     stop_signal = signal.SIGKILL
     user: str | None = None  # run as this OS user when the tests run as root
+    address = "127.0.0.1"  # where it listens: its host's address once placed on one
+    host: Host | None = None
 
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix=f"shardkit-{self.name}-"))
@@ -78,6 +86,11 @@ class Server:
     @property
     def url(self) -> str:
         raise NotImplementedError
+
+    def placed(self: P, host: Host) -> P:
+        """This server, run on ``host`` (a network namespace) from its next start."""
+        self.host, self.address = host, host.address
+        return self
 
     def command(self) -> list[str]:
         raise NotImplementedError
@@ -103,14 +116,18 @@ class Server:
         prefix = []
         if shutil.which("setpriv"):
             prefix = ["setpriv", f"--pdeathsig={signal.Signals(self.stop_signal).name[3:]}"]
+        user = self.user if self.user and _ROOT else None
+        command = [*prefix, *self.command()]
+        if self.host is not None:  # a change of user clears the death signal: it comes after
+            command, user = self.host.command(command, user), None
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
-                [*prefix, *self.command()],
+                command,
                 cwd=self.dir,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                user=self.user if self.user and _ROOT else None,
+                user=user,
                 start_new_session=True,  # a ^C of the test run is not sent to it
             )
         deadline = time.monotonic() + STARTUP
@@ -191,17 +208,23 @@ class PostgresServer(Server):
             shutil.rmtree(self.dir, ignore_errors=True)
             output = getattr(exc, "stderr", None) or b""
             pytest.fail(f"initdb failed: {exc}\n{output.decode(errors='replace')}")
+        with open(data / "pg_hba.conf", "a") as hba:  # the hosts of its network, placed on one
+            hba.write("host all all samenet trust\n")
 
     @property
     def url(self) -> str:
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+        return f"postgresql+psycopg://postgres@{self.address}:{self.port}/postgres"
 
     def command(self) -> list[str]:
         return [
             str(self.bin / "postgres"),
             *("-D", str(self.dir / "data"), "-p", str(self.port), "-k", str(self.dir)),
-            *("-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"),
+            *("-c", f"listen_addresses={self.address}", "-c", "fsync=off"),
             *("-c", "max_connections=40", "-c", "shared_buffers=16MB"),
+            # A client whose host died is dropped within seconds, and the locks of its
+            # transaction with it: what a deployment over several hosts sets.
+            *("-c", "tcp_keepalives_idle=2", "-c", "tcp_keepalives_interval=1"),
+            *("-c", "tcp_keepalives_count=3", "-c", "tcp_user_timeout=5000"),
         ]
 
     def answers(self) -> bool:
@@ -225,17 +248,18 @@ class RedisServer(Server):
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{self.address}:{self.port}/0"
 
     def command(self) -> list[str]:
         return [
             "redis-server",
-            *("--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir)),
+            *("--port", str(self.port), "--bind", self.address, "--dir", str(self.dir)),
             *("--save", "", "--appendonly", "no", "--daemonize", "no"),
+            *("--protected-mode", "no"),  # clients come from other hosts, without a password
         ]
 
     def answers(self) -> bool:
-        client = redis.Redis(port=self.port, socket_timeout=2, socket_connect_timeout=2)
+        client = redis.Redis(self.address, self.port, socket_timeout=2, socket_connect_timeout=2)
         try:
             return bool(client.ping())
         except redis.RedisError:
@@ -273,7 +297,7 @@ class ClusterNode(RedisServer):
         ]
 
     def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port, socket_timeout=2, socket_connect_timeout=2)
+        return redis.Redis(self.address, self.port, socket_timeout=2, socket_connect_timeout=2)
 
     def info(self, command: str) -> dict[str, Any]:
         """``CLUSTER INFO`` or ``INFO <section>``, parsed (empty if it does not answer)."""
@@ -301,27 +325,36 @@ def _free(port: int) -> bool:
 
 class RedisClusterServers:
     """A Redis Cluster of its own: ``masters`` primaries with ``replicas`` replicas each,
-    made by ``redis-cli --cluster create`` on free loopback ports. ``start()`` returns
+    made by ``redis-cli --cluster create`` on free loopback ports, or spread over
+    ``hosts`` (node ``i`` on host ``i % len(hosts)``; each replica on another host than
+    its primary where the hosts allow it: redis-cli places them so). ``start()`` returns
     once every slot is served and every primary has its replicas; ``kill(node)``
     SIGKILLs a node; ``wait_healthy()`` waits until the cluster serves every slot again
     (a replica promoted); ``close()`` ends every node and removes its files."""
 
-    def __init__(self, masters: int = 3, replicas: int = 1) -> None:
+    def __init__(self, masters: int = 3, replicas: int = 1, hosts: Sequence[Host] = ()) -> None:
         if not shutil.which("redis-cli"):
             unavailable("redis-cli is not installed")
         self.masters, self.replicas = masters, replicas
         taken: set[int] = set()
         self.nodes = [ClusterNode(taken) for _ in range(masters * (1 + replicas))]
+        for number, node in enumerate(self.nodes):
+            if hosts:
+                node.placed(hosts[number % len(hosts)])
 
     @property
     def url(self) -> str:
-        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+        return "redis+cluster://" + ",".join(f"{n.address}:{n.port}" for n in self.nodes)
+
+    def on(self, host: Host) -> list[ClusterNode]:
+        """The nodes placed on ``host``."""
+        return [node for node in self.nodes if node.host is host]
 
     def start(self) -> None:
         for node in self.nodes:
             node.start()
         create = ["redis-cli", "--cluster", "create"]
-        create += [f"127.0.0.1:{node.port}" for node in self.nodes]
+        create += [f"{node.address}:{node.port}" for node in self.nodes]
         create += ["--cluster-replicas", str(self.replicas), "--cluster-yes"]
         made = subprocess.run(create, capture_output=True, text=True, timeout=60)
         if made.returncode != 0:
@@ -334,7 +367,7 @@ class RedisClusterServers:
         a replica is "online" before its first full sync is done."""
         from redis.cluster import RedisCluster
 
-        client = RedisCluster(host="127.0.0.1", port=self.nodes[0].port)
+        client = RedisCluster(host=self.nodes[0].address, port=self.nodes[0].port)
         try:
             for primary in client.get_primaries():
                 key = next(k for k in map(str, range(100_000))

@@ -1,0 +1,50 @@
+"""The multi-host harness itself: hosts reach each other until one is partitioned or
+killed, a killed host keeps no process, and the Redis Cluster spreads over the hosts
+with every replica on another host than its primary."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from deployment import Deployment
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_partitioned_host_is_cut_off_until_healed(deployment: Deployment) -> None:
+    one, two, _ = deployment.workers
+    store = deployment.store
+    assert one.reaches(store.address, store.port)
+    one.partition()
+    assert not one.reaches(store.address, store.port)
+    assert two.reaches(store.address, store.port)
+    one.heal()
+    assert one.reaches(store.address, store.port)
+
+
+def test_the_cluster_keeps_each_replica_on_another_host(deployment: Deployment) -> None:
+    cluster = deployment.cluster
+    primaries = cluster.primaries()
+    assert sorted(node.address for node in primaries) == sorted(
+        h.address for h in deployment.workers
+    )
+    for primary in primaries:
+        client = redis.Redis(primary.address, primary.port)
+        replicas = client.info("replication")
+        client.close()
+        assert replicas["connected_slaves"] == 1
+        assert replicas["slave0"]["ip"] != primary.address
+
+
+def test_a_killed_host_keeps_no_process_and_its_primary_fails_over(
+    deployment: Deployment,
+) -> None:
+    cluster = deployment.cluster
+    victim = deployment.workers[0]
+    nodes = cluster.on(victim)
+    assert len(nodes) == 2
+    victim.kill()
+    assert all(node.process is not None and node.process.poll() is not None for node in nodes)
+    cluster.wait_healthy()
+    assert victim.address not in {node.address for node in cluster.primaries()}

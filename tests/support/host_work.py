@@ -1,0 +1,132 @@
+"""What the hosts of a multi-host test run.
+
+``add_ten`` is a transactional mapping function (``host_work:add_ten``, run by Celery
+workers on the hosts): it adds 10 to the ``balance`` of each row of the page in the
+table ``$SHARDKIT_HOSTS_TABLE``, and records the page (the address of the host that
+ran it, as PostgreSQL sees it, its first key and its size) in ``<table>_pages``, in the
+job's transaction.
+
+This module run as a program writes counters from one host:
+
+    python host_work.py KIND STORE CACHE PREFIX NAME DIRECTORY THREADS
+
+Each of its ``THREADS`` threads writes the counter ``NAME`` until the file
+``DIRECTORY/stop`` exists, and appends one fixed-size record per acknowledged write to
+its own file ``DIRECTORY/<pid>-<thread>.acks`` with one ``write`` call (a SIGKILL loses
+at most the acknowledgement being recorded):
+
+* ``sharded``: ``incr(1, key=…)``, retried with the same key after a failure until it
+  is acknowledged (the record: 1); a thread that is stopped finishes its write first;
+* ``buffered``: ``incr(1)`` (the record: 1; a failed increment did not count);
+* ``ids``: ``next()`` (the record: the id).
+
+Failures are counted in ``DIRECTORY/<pid>-<thread>.failures`` (one byte each). The
+process prints ``ready`` once its kit is connected and writes have begun.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+import shardkit
+
+RECORD = struct.Struct("<q")
+PAUSE = 0.05  # seconds a thread waits after a failure
+
+
+def acknowledged(directory: Path, pid: int | None = None) -> list[int]:
+    """Every record of every thread's file in ``directory`` (of process ``pid``'s)."""
+    values: list[int] = []
+    for path in sorted(directory.glob(f"{pid or '*'}-*.acks")):
+        data = path.read_bytes()
+        values += [value for (value,) in RECORD.iter_unpack(data[: len(data) // 8 * 8])]
+    return values
+
+
+def failures(directory: Path, pid: int | None = None) -> int:
+    """How many writes failed in ``directory``'s threads (process ``pid``'s)."""
+    return sum(path.stat().st_size for path in directory.glob(f"{pid or '*'}-*.failures"))
+
+
+def _thread(write: Callable[[int], int], directory: Path, number: int, keyed: bool) -> None:
+    stem = directory / f"{os.getpid()}-{number}"
+    acks = os.open(f"{stem}.acks", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    failed = os.open(f"{stem}.failures", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    stop = directory / "stop"
+    sequence = 0
+    while not stop.exists():
+        sequence += 1
+        while True:
+            try:
+                value = write(sequence)
+                break
+            except shardkit.ShardkitError:
+                os.write(failed, b"x")
+                if not keyed:
+                    value = None
+                    break
+                time.sleep(PAUSE)
+        if value is not None:
+            os.write(acks, RECORD.pack(value))
+
+
+def add_ten(batch: Any) -> None:
+    name = os.environ["SHARDKIT_HOSTS_TABLE"]
+    table = sa.table(name, sa.column("k"), sa.column("balance"))
+    pages = sa.table(f"{name}_pages", sa.column("host"), sa.column("first"), sa.column("size"))
+    keys = [row["k"] for row in batch.rows]
+    batch.conn.execute(
+        sa.update(table).where(table.c.k.in_(keys)).values(balance=table.c.balance + 10)
+    )
+    host = sa.func.host(sa.func.inet_client_addr())  # the address the store sees
+    batch.conn.execute(sa.insert(pages).values(host=host, first=keys[0], size=len(keys)))
+
+
+def _writer(kit: shardkit.Kit, kind: str, name: str, thread: int) -> Callable[[int], int]:
+    """Thread ``thread``'s write of the counter ``name``: its sequence number in, the
+    value to record out."""
+    if kind == "ids":
+        ids = kit.ids(name, block=50)
+        return lambda _: ids.next()
+    counter: Any = kit.sharded(name, shards=8) if kind == "sharded" else kit.buffered(name)
+
+    def write(sequence: int) -> int:
+        if kind == "sharded":  # False when a retry finds it applied: counted once all the same
+            counter.incr(1, key=f"{os.getpid()}-{thread}-{sequence}")
+        else:
+            counter.incr(1)
+        return 1
+
+    return write
+
+
+def main(
+    kind: str, store: str, cache: str, prefix: str, name: str, where: str, threads: str
+) -> None:
+    directory = Path(where)
+    kit = shardkit.connect(store, cache, prefix=prefix)
+    running = [
+        threading.Thread(
+            target=_thread, args=(_writer(kit, kind, name, n), directory, n, kind == "sharded")
+        )
+        for n in range(int(threads))
+    ]
+    for thread in running:
+        thread.start()
+    print("ready", flush=True)
+    for thread in running:
+        thread.join()
+    kit.close()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
