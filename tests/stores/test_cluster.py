@@ -18,14 +18,12 @@ from redis.cluster import RedisCluster
 
 import shardkit
 from backends import NEVER, PREFIX, free_port, store_url_for
+from received import pending_on
 from servers import ClusterNode, Cutter, RedisClusterServers, Writers, running
-from shardkit import BufferedCounter
 from shardkit.aio.cluster import AsyncRedisClusterCache
 from shardkit.cache import open_cache
 from shardkit.cache.cluster import RedisClusterCache
-from shardkit.counters.buffered import _BASE as BASE
 from shardkit.errors import BackendError, BackendUnavailable
-from shardkit.store.base import RETIRED
 
 pytestmark = pytest.mark.slow
 
@@ -114,19 +112,6 @@ def test_a_primary_killed_under_load_loses_only_pending_and_repeats_no_id(
             "killed primary at most; "
             f"{len(taken)} ids, none twice; sharded exact ({counted[0]})"
         )
-
-
-def pending_on(kit: shardkit.Kit, counter: BufferedCounter, primary: str) -> int:
-    """What ``counter``'s generations whose keys live on ``primary`` hold beyond what
-    the store applied."""
-    assert isinstance(kit.cache, RedisClusterCache)
-    pending = 0
-    for generation, applied in kit.store.generations([counter.name])[counter.name].items():
-        keys = counter._keys(generation)
-        if generation != RETIRED and kit.cache.owner(keys[0]) == primary:
-            up, down = (kit.cache.get_many(keys).get(key, BASE) - BASE for key in keys)
-            pending += (up - applied.up) - (down - applied.down)
-    return pending
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from backends import PREFIX, SUPPORT, wait_for
+from host_work import acknowledged
 from hosts import Host, Hosts
 from servers import PostgresServer, RedisClusterServers, RedisServer
 
@@ -67,6 +68,17 @@ class Deployment:
             self.started.append((host, process, log))
         for host, _, log in self.started:
             wait_for(lambda log=log: b"ready" in log.read_bytes(), f"writers on {host}", 60)
+
+    def acked(self, host: Host | None = None) -> int:
+        """The writes acknowledged so far (on ``host``'s writers)."""
+        pids = [process.pid for each, process, _ in self.started if host in (None, each)]
+        return sum(len(acknowledged(self.directory, pid)) for pid in pids)
+
+    def goes_on(self, host: Host | None, more: int) -> None:
+        """Wait until ``more`` writes were acknowledged (on ``host``) from now."""
+        start = self.acked(host)
+        where = f"on {host}" if host else "anywhere"
+        wait_for(lambda: self.acked(host) >= start + more, f"{more} writes {where}", 60)
 
     def stop_writers(self) -> None:
         """Stop the writers (each finishes its write) and wait until they have exited."""

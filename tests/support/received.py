@@ -14,6 +14,11 @@ import redis
 import sqlalchemy as sa
 from pymemcache.client.base import Client as MemcacheClient
 
+import shardkit
+from shardkit.cache.cluster import RedisClusterCache
+from shardkit.counters.buffered import _BASE as BASE
+from shardkit.store.base import RETIRED
+
 
 def _trigger_ddl(dialect: str, table: str, log: str) -> tuple[list[str], list[str]]:
     """The statements that make, and drop, row triggers logging the ``name`` of every row
@@ -108,3 +113,16 @@ def increments_received(url: str) -> Callable[[], int] | None:
 
         return single
     raise ValueError(f"no server to ask at {url}")
+
+
+def pending_on(kit: shardkit.Kit, counter: shardkit.BufferedCounter, primary: str) -> int:
+    """What ``counter``'s generations whose keys live on ``primary`` hold beyond what
+    the store applied."""
+    assert isinstance(kit.cache, RedisClusterCache)
+    pending = 0
+    for generation, applied in kit.store.generations([counter.name])[counter.name].items():
+        keys = counter._keys(generation)
+        if generation != RETIRED and kit.cache.owner(keys[0]) == primary:
+            up, down = (kit.cache.get_many(keys).get(key, BASE) - BASE for key in keys)
+            pending += (up - applied.up) - (down - applied.down)
+    return pending
