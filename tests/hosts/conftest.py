@@ -14,9 +14,11 @@ from servers import PostgresServer, RedisServer, running
 @pytest.fixture
 def deployment() -> Iterator[Deployment]:
     with running(Hosts, 4) as hosts:
-        store = PostgresServer().placed(hosts[0])
-        broker = RedisServer().placed(hosts[0])
-        with running(lambda: store), running(lambda: broker):
-            deployed = Deployment(hosts, store, broker)
-            with running(lambda: deployed.cluster):
-                yield deployed
+        store = PostgresServer().placed(hosts[0], 5432)
+        broker = RedisServer().placed(hosts[0], 6379)
+        with (
+            running(lambda: store),
+            running(lambda: broker),
+            running(Deployment, hosts, store, broker) as deployed,
+        ):
+            yield deployed

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import shardkit
-from backends import PREFIX
+from backends import PREFIX, wait_for
 from deployment import Deployment
 from host_work import acknowledged, failures
 from received import pending_on
@@ -18,6 +18,10 @@ from received import pending_on
 pytestmark = pytest.mark.slow
 
 PARTITION = 10.0  # seconds a host stays cut off
+ADJUSTING_FELL_BACK = (
+    "shardkit_failures_ridden_out_total",
+    frozenset({("action", "adjusting cached values")}),
+)
 PROGRESS = 100  # acknowledged writes that show a host's writers going on
 
 
@@ -25,10 +29,14 @@ def test_acknowledged_sharded_increments_count_once_across_partitions(
     deployment: Deployment, tmp_path: Path
 ) -> None:
     """Writers retry a failed increment with its key: a host cut off mid-write, or the
-    host of a cache primary, loses and doubles nothing."""
+    host of a cache primary, loses and doubles nothing. The other hosts' writers ride
+    out the cut-off primary of the counter's cached value, and their metrics say so."""
     name = f"test:hosts:sharded:{uuid.uuid4().hex}"
     deployment.writers("sharded", name, tmp_path)
-    hosts = deployment.workers
+    with shardkit.connect(deployment.store_url, deployment.cache_url, prefix=PREFIX) as kit:
+        owner = kit.cache.owner(kit.sharded(name)._value_key)  # type: ignore[attr-defined]
+    # First the host of the primary that holds the counter's cached value.
+    hosts = sorted(deployment.workers, key=lambda h: not owner.startswith(f"{h.address}:"))
     for host in hosts:
         deployment.goes_on(host, PROGRESS)
     for victim in hosts[:2]:  # each holds a cache primary and a replica, and writers
@@ -41,6 +49,9 @@ def test_acknowledged_sharded_increments_count_once_across_partitions(
         assert deployment.acked(victim) <= cut + 4  # at most the replies in flight at the cut
         victim.heal()
         deployment.goes_on(victim, PROGRESS)
+        if victim is hosts[0]:  # the others' writers fell back from adjusting its value
+            for host in hosts[1:]:
+                assert deployment.metrics(host)[ADJUSTING_FELL_BACK] >= 1
     deployment.stop_writers()
     with shardkit.connect(deployment.store_url, deployment.cache_url, prefix=PREFIX) as kit:
         assert kit.sharded(name).value(fresh=True) == len(acknowledged(tmp_path))
@@ -86,7 +97,8 @@ def test_buffered_counts_lose_at_most_the_dead_hosts_pending_and_double_nothing(
     """A host dies with a cache primary and with writers. What can be lost is what its
     primary held beyond the store at that moment (its replica may not have it yet),
     and what was counted between that reading and the death; nothing counts twice, and
-    the surviving hosts' flushes move everything else into the store."""
+    the surviving hosts' flushes (their metrics show them) move everything else into
+    the store."""
     name = f"test:hosts:buffered:{uuid.uuid4().hex}"
     deployment.writers("buffered", name, tmp_path)
     dead = deployment.workers[0]
@@ -100,6 +112,19 @@ def test_buffered_counts_lose_at_most_the_dead_hosts_pending_and_double_nothing(
         dead.kill()
         exposed = on_victim + deployment.acked() - before
         deployment.cluster.wait_healthy()
+        survivors = [host for host in deployment.workers if host is not dead]
+
+        def flushes() -> float:
+            """Scheduled flushes the surviving hosts ran (their lag's observations)."""
+            return sum(
+                value
+                for host in survivors
+                for (sample, _), value in deployment.metrics(host).items()
+                if sample == "shardkit_flush_lag_seconds_count"
+            )
+
+        flushed = flushes()
+        wait_for(lambda: flushes() > flushed, "a surviving host's scheduled flush", 60)
         deployment.goes_on(None, PROGRESS)
         deployment.stop_writers()  # the survivors' kits close: their flushes run
         acked, failed = len(acknowledged(tmp_path)), failures(tmp_path)

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 import shardkit
 from backends import CACHE_URLS, PREFIX, STORE_URLS, require, run_together
+from shardkit.aio.store import async_engine_from_url
 from shardkit.executor import LocalExecutor
 from shardkit.store.sql import SqlStore
+from shardkit.store.sql.engines import engine_from_url
 
 
 def test_live_engine_and_redis_client_are_used_and_left_open(name: str) -> None:
@@ -132,3 +136,33 @@ def test_a_store_opened_to_read_creates_nothing(store_url: str, name: str) -> No
         kit.sharded(name).incr(3)
     with shardkit.connect(store_url, prefix=PREFIX, create=False) as kit:
         assert kit.get(name).value(fresh=True) == 3
+
+
+def test_postgres_connections_send_keepalives_unless_the_url_says_otherwise() -> None:
+    """The libpq settings of the sync and the async kit's connections: keepalives and
+    a user timeout by default, each replaced by the URL's own."""
+    url = STORE_URLS["postgres"] or ""
+    require(url)
+    given = url + ("&" if "?" in url else "?") + "keepalives_idle=20"
+
+    def dsn(info: Any) -> dict[str, str]:
+        return dict(part.split("=", 1) for part in info.dsn.split())
+
+    async def async_dsn(store: str) -> dict[str, str]:
+        engine = async_engine_from_url(store)
+        async with engine.connect() as conn:
+            raw = await conn.get_raw_connection()
+            found = dsn(raw.driver_connection.info)
+        await engine.dispose()
+        return found
+
+    for store, idle in ((url, "10"), (given, "20")):
+        engine = engine_from_url(store)
+        with engine.connect() as conn:
+            sync = dsn(conn.connection.dbapi_connection.info)  # type: ignore[union-attr]
+        engine.dispose()
+        for found in (sync, asyncio.run(async_dsn(store))):
+            assert found["keepalives"] == "1"
+            assert found["keepalives_idle"] == idle
+            assert (found["keepalives_interval"], found["keepalives_count"]) == ("5", "3")
+            assert found["tcp_user_timeout"] == "30000"

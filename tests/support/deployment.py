@@ -5,10 +5,14 @@ and a Redis Cluster of three primaries, each with its replica on another of them
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import urllib.request
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,15 +21,64 @@ from host_work import acknowledged
 from hosts import Host, Hosts
 from servers import PostgresServer, RedisClusterServers, RedisServer
 
+# Each sample's value by its name and labels.
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(url: str) -> Samples:
+    """The metrics served at ``url``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=60) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+METRICS_PORT = 9464  # where writers serve their metrics, on their host's address
+
 
 class Deployment:
     """What a deployment over hosts runs: ``store`` and ``broker`` on ``hosts[0]``, the
-    ``cluster`` (the kits' cache) over ``workers`` (hosts 1 to 3)."""
+    ``cluster`` (the kits' cache) over ``workers`` (hosts 1 to 3). ``close()`` ends the
+    processes it started on the hosts (writers, dashboards) and the cluster."""
 
     def __init__(self, hosts: Hosts, store: PostgresServer, broker: RedisServer) -> None:
         self.hosts, self.store, self.broker = hosts, store, broker
         self.workers = list(hosts)[1:]
         self.cluster = RedisClusterServers(3, 1, self.workers)
+        self.directory = Path()
+        self.started: list[tuple[Host, subprocess.Popen[bytes], Path]] = []  # writers
+        self.processes: list[subprocess.Popen[bytes]] = []  # every one it started
+
+    def start(self) -> None:
+        self.cluster.start()
+
+    def close(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+        self.cluster.close()
+
+    def run(
+        self, host: Host, argv: list[str], log: Path, env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start ``argv`` on ``host`` (with ``env`` added to its environment, and this
+        directory importable), its output in ``log``."""
+        with open(log, "wb") as out:
+            process = subprocess.Popen(
+                host.command(argv),
+                env={**os.environ, "PYTHONPATH": str(SUPPORT), **(env or {})},
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        self.processes.append(process)
+        return process
 
     @property
     def store_url(self) -> str:
@@ -47,25 +100,25 @@ class Deployment:
         """How many of the cache's primaries ``host`` holds now."""
         return sum(node.host is host for node in self.cluster.primaries())
 
-    def writers(self, kind: str, name: str, directory: Path, threads: int = 4) -> None:
-        """Start ``host_work.py`` on each worker host, writing the counter ``name``
-        (``kind``) with ``threads`` threads and recording in ``directory``; return once
-        every one is writing. ``stop_writers`` ends them."""
+    def writers(
+        self,
+        kind: str,
+        name: str,
+        directory: Path,
+        threads: int = 4,
+        on: Sequence[Host] | None = None,
+    ) -> None:
+        """Start ``host_work.py`` on each worker host (or each of ``on``), writing the
+        counter ``name`` (``kind``) with ``threads`` threads and recording in
+        ``directory``; return once every one is writing. ``stop_writers`` ends them."""
         self.directory = directory
-        self.started: list[tuple[Host, subprocess.Popen[bytes], Path]] = []
-        for host in self.workers:
+        self.started = []
+        for host in self.workers if on is None else on:
             log = directory / f"{host.name}.log"
             argv = [sys.executable, str(SUPPORT / "host_work.py"), kind]
             argv += [self.store_url, self.cache_url, PREFIX, name, str(directory), str(threads)]
-            with open(log, "wb") as out:
-                process = subprocess.Popen(
-                    host.command(argv),
-                    env={**os.environ, "PYTHONPATH": str(SUPPORT)},
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-            self.started.append((host, process, log))
+            metrics = {"SHARDKIT_HOSTS_METRICS": f"{host.address}:{METRICS_PORT}"}
+            self.started.append((host, self.run(host, argv, log, metrics), log))
         for host, _, log in self.started:
             wait_for(lambda log=log: b"ready" in log.read_bytes(), f"writers on {host}", 60)
 
@@ -80,6 +133,10 @@ class Deployment:
         where = f"on {host}" if host else "anywhere"
         wait_for(lambda: self.acked(host) >= start + more, f"{more} writes {where}", 60)
 
+    def metrics(self, host: Host) -> Samples:
+        """The metrics the writers on ``host`` serve now."""
+        return scrape(f"http://{host.address}:{METRICS_PORT}/metrics")
+
     def stop_writers(self) -> None:
         """Stop the writers (each finishes its write) and wait until they have exited."""
         (self.directory / "stop").touch()
@@ -93,3 +150,41 @@ class Deployment:
                     f"writers on {host} exited with {process.returncode}\n"
                     + log.read_text(errors="replace")[-3000:]
                 )
+
+
+class Dashboard:
+    """``shardkit dashboard`` run on ``host`` against the deployment's store and cache
+    (ended with the deployment)."""
+
+    PORT = 8050
+
+    def __init__(self, deployment: Deployment, host: Host, logs: Path) -> None:
+        self.url = f"http://{host.address}:{self.PORT}"
+        argv = [sys.executable, "-m", "shardkit", "--store", deployment.store_url]
+        argv += ["--cache", deployment.cache_url, "--prefix", PREFIX, "dashboard"]
+        argv += ["--host", host.address, "--port", str(self.PORT)]
+        self.process = deployment.run(host, argv, logs / f"dashboard-{host.name}.log")
+        wait_for(self._answers, f"the dashboard on {host}", 60)
+
+    def _answers(self) -> bool:
+        if self.process.poll() is not None:
+            pytest.fail(f"the dashboard exited with {self.process.returncode}")
+        try:
+            self.get("/api/info")
+        except OSError:
+            return False
+        return True
+
+    def get(self, path: str) -> Any:
+        """The JSON the dashboard answers at ``path``."""
+        with urllib.request.urlopen(self.url + path, timeout=60) as response:
+            return json.load(response)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The value of the sample ``name`` with ``labels`` on the dashboard's /metrics."""
+        wanted = labels.items()
+        scraped = scrape(self.url + "/metrics")
+        [value] = [
+            v for (n, has), v in scraped.items() if n == name and wanted <= dict(has).items()
+        ]
+        return value

@@ -4,7 +4,9 @@
 workers on the hosts): it adds 10 to the ``balance`` of each row of the page in the
 table ``$SHARDKIT_HOSTS_TABLE``, and records the page (the address of the host that
 ran it, as PostgreSQL sees it, its first key and its size) in ``<table>_pages``, in the
-job's transaction.
+job's transaction. With ``$SHARDKIT_HOSTS_HOLD`` set to a path, a process holds one
+page, its first once ``HOLD_AFTER`` pages are committed, its transaction open: it writes
+the page's first key to that path, then waits until ``<path>.release`` exists.
 
 This module run as a program writes counters from one host:
 
@@ -17,11 +19,13 @@ at most the acknowledgement being recorded):
 
 * ``sharded``: ``incr(1, key=…)``, retried with the same key after a failure until it
   is acknowledged (the record: 1); a thread that is stopped finishes its write first;
-* ``buffered``: ``incr(1)`` (the record: 1; a failed increment did not count);
+* ``buffered``: ``incr(1)`` (the record: 1; a failed one is not recorded, though it
+  may have counted);
 * ``ids``: ``next()`` (the record: the id).
 
-Failures are counted in ``DIRECTORY/<pid>-<thread>.failures`` (one byte each). The
-process prints ``ready`` once its kit is connected and writes have begun.
+Failures are counted in ``DIRECTORY/<pid>-<thread>.failures`` (one byte each). With
+``$SHARDKIT_HOSTS_METRICS`` (``address:port``) set, the process serves the metrics it
+recorded there (``/metrics``). It prints ``ready`` once its kit is connected and writes have begun.
 """
 
 from __future__ import annotations
@@ -79,6 +83,15 @@ def _thread(write: Callable[[int], int], directory: Path, number: int, keyed: bo
             os.write(acks, RECORD.pack(value))
 
 
+_held = threading.Event()  # this process held a page already
+HOLD = 600.0  # seconds a held page waits for its release at most
+HOLD_AFTER = 20  # pages committed before one is held: the job has split by then
+
+
+def _committed(conn: Any, pages: Any) -> int:
+    return int(conn.execute(sa.select(sa.func.count()).select_from(pages)).scalar_one())
+
+
 def add_ten(batch: Any) -> None:
     name = os.environ["SHARDKIT_HOSTS_TABLE"]
     table = sa.table(name, sa.column("k"), sa.column("balance"))
@@ -89,6 +102,14 @@ def add_ten(batch: Any) -> None:
     )
     host = sa.func.host(sa.func.inet_client_addr())  # the address the store sees
     batch.conn.execute(sa.insert(pages).values(host=host, first=keys[0], size=len(keys)))
+    hold = os.environ.get("SHARDKIT_HOSTS_HOLD")
+    if hold and not _held.is_set() and _committed(batch.conn, pages) >= HOLD_AFTER:
+        _held.set()
+        Path(f"{hold}.tmp").write_text(str(keys[0]))
+        os.rename(f"{hold}.tmp", hold)
+        deadline = time.monotonic() + HOLD
+        while not os.path.exists(f"{hold}.release") and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def _writer(kit: shardkit.Kit, kind: str, name: str, thread: int) -> Callable[[int], int]:
@@ -114,6 +135,13 @@ def main(
 ) -> None:
     directory = Path(where)
     kit = shardkit.connect(store, cache, prefix=prefix)
+    if "SHARDKIT_HOSTS_METRICS" in os.environ:  # address:port: what this process recorded
+        from prometheus_client import start_http_server
+
+        from shardkit.monitor.exporter import registry
+
+        address, port = os.environ["SHARDKIT_HOSTS_METRICS"].rsplit(":", 1)
+        start_http_server(int(port), address, registry(None))
     running = [
         threading.Thread(
             target=_thread, args=(_writer(kit, kind, name, n), directory, n, kind == "sharded")

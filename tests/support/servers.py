@@ -87,9 +87,11 @@ class Server:
     def url(self) -> str:
         raise NotImplementedError
 
-    def placed(self: P, host: Host) -> P:
-        """This server, run on ``host`` (a network namespace) from its next start."""
+    def placed(self: P, host: Host, port: int | None = None) -> P:
+        """This server, run on ``host`` (a network namespace) from its next start, on
+        ``port`` if given (the host's ports are its own: a well-known one is free)."""
         self.host, self.address = host, host.address
+        self.port = port or self.port
         return self
 
     def command(self) -> list[str]:

@@ -35,6 +35,19 @@ _DRIVERS = {
     "mariadb": ("mariadb+pymysql", "mysql"),
 }
 
+# libpq's settings for a PostgreSQL connection that the URL does not give: a server or
+# network that goes silent fails the call within about 30 s (keepalive probes after 10 s
+# of silence, 3 more 5 s apart; a request unacknowledged for 30 s) instead of leaving it
+# waiting for hours. A statement that runs long is unaffected: the server's host
+# acknowledges the probes.
+_POSTGRES_LIVENESS = {
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "30000",
+}
+
 # The fork gate of each SQLite engine (``gate_forks``).
 _GATES: weakref.WeakKeyDictionary[Engine, ForkGate] = weakref.WeakKeyDictionary()
 _GATING = threading.Lock()
@@ -181,6 +194,11 @@ def make_engine(
             _sqlite_file_exists(database)
         # Writers queue on SQLite's database lock instead of failing after 5 s.
         options["connect_args"] = {"timeout": 60}
+    elif base in ("postgresql", "postgres"):
+        given = set(parsed.query)
+        options["connect_args"] = {
+            key: value for key, value in _POSTGRES_LIVENESS.items() if key not in given
+        }
     if pool_size is not None:
         options["pool_size"] = pool_size
     try:
