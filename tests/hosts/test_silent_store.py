@@ -50,7 +50,7 @@ def test_a_call_waiting_on_a_silent_store_fails_and_the_next_one_works(
             wait_for(waits, "the write to wait for the table's lock", 30)
             store_host.partition()
             wait_for(lambda: not writer.is_alive(), "the write to fail", SILENCE)
-            assert isinstance(outcome.get("error"), shardkit.BackendError), outcome
+            assert isinstance(outcome.get("error"), shardkit.BackendUnavailable), outcome
         finally:
             store_host.heal()
             locker.invalidate()  # its server session ends with the host's silence

@@ -6,34 +6,33 @@
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Any, Protocol
 
 from shardkit.aio.sent_once import AsyncLending, AsyncSentOnce
-from shardkit.cache.redis import _INCR, _redis_module
+from shardkit.cache.redis import _INCR, Unreplicated, _redis_module
 
-# How long an increment waits for a replica to acknowledge it; for how long a primary
-# whose replica did not is written to without waiting.
+# How long an increment waits for a replica to acknowledge it.
 WAIT_MS = 500
-ALONE = 5.0
 
 
 class Alone:
-    """The primaries found with no replica (``ROLE``) after a write no replica
-    acknowledged within ``WAIT_MS``: for ``ALONE`` seconds their writes are not waited
-    for (each would wait the whole timeout, and a primary with no replica cannot be
-    replaced by a stale one). A primary whose replica lags is waited for all the same."""
+    """The primaries whose ``ROLE``, asked with each increment, lists no replica: their
+    increments are not waited for (each would wait the whole timeout, and a primary with
+    no replica cannot be replaced by a stale one) until a ``ROLE`` lists one again."""
 
     def __init__(self) -> None:
-        self._until: dict[str, float] = {}
+        self._alone: set[str] = set()
 
     def waits(self, node: str) -> bool:
-        return self._until.get(node, 0.0) <= time.monotonic()
+        return node not in self._alone
 
-    def found(self, node: str, role: Any) -> None:
-        """``ROLE``'s answer of ``node``, asked after a write no replica acknowledged."""
-        if not role[2]:  # a primary's ROLE lists its replicas third
-            self._until[node] = time.monotonic() + ALONE
+    def found(self, node: str, role: Any) -> bool:
+        """Note ``ROLE``'s answer of ``node``; whether it lists a replica."""
+        if role[2]:  # a primary's ROLE lists its replicas third
+            self._alone.discard(node)
+            return True
+        self._alone.add(node)
+        return False
 
 
 class AsyncNodeClients(Protocol):
@@ -84,10 +83,11 @@ class AsyncNodePipes:
             pipe.evalsha(_INCR.sha, 1, key, delta)
             if waits:
                 pipe.wait(1, WAIT_MS)
+            pipe.execute_command("ROLE")
             done = await pipe.execute()
-        if waits and not done[1]:
-            with contextlib.suppress(_redis_module().RedisError):  # the value is counted
-                self._alone.found(node.name, await own.execute_command("ROLE"))
+        replicated = waits and bool(done[1])
+        if self._alone.found(node.name, done[-1]) and not replicated:
+            raise Unreplicated(f"no replica of {node.name} acknowledged within {WAIT_MS} ms")
         return done[0]
 
     async def refresh(self) -> None:

@@ -12,13 +12,13 @@ client.
 A primary acknowledges a write before its replicas have it, so a failover can bring a
 key back to an older value. For ``incr`` — what ids and monotonic values are handed out
 from — that would hand a value out twice: ``incr`` therefore returns only once a replica
-has the increment too (``WAIT``, in one pipeline with it on the primary's connection).
-If no replica acknowledges within ``WAIT_MS`` the value is handed out then; a primary
-found with no replica at all (its replica was promoted, or is down) is written to
-without waiting for the next ``ALONE`` seconds: with no replica, no failover can bring
-an older value back (both in ``shardkit.aio.pipes``, where ``Replicas`` is played). (A
-replica that lags more than ``WAIT_MS`` and is then promoted
-could: a documented limit.)
+has the increment too (``WAIT``, in one pipeline with it and the primary's ``ROLE`` on
+the primary's connection). If no replica acknowledges within ``WAIT_MS`` (it lags, or
+its primary is cut off from it) the value is not handed out: the increment is made
+again, the value skipped, until one does or ``_FAILOVER`` has passed. A primary whose
+``ROLE`` lists no replica (its replica was promoted, or is down) is written to without
+waiting until a ``ROLE`` lists one again: with no replica, no failover can bring an
+older value back (both in ``shardkit.aio.pipes``, where ``Replicas`` is played).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from shardkit.cache.redis import (
     Held,
     RedisCore,
     RedisRoles,
+    Unreplicated,
     _millis,
     _redis_module,
 )
@@ -201,9 +202,10 @@ class ClusterCore(RedisCore):
 
     @rule
     def incr(self, key: str, delta: int) -> Program[int | None]:
-        """``RedisCore._incr``, returning once a replica has the increment; sent again
-        where the connection failed (see ``_followed``): what ``incr`` hands out may skip
-        a value, never repeat one."""
+        """``RedisCore._incr``, returning once a replica has the increment (or its
+        primary has none); made again where the connection failed or no replica
+        acknowledged (see ``_followed``): what ``incr`` hands out may skip a value,
+        never repeat one."""
 
         def increment() -> Program[Any]:
             try:
@@ -229,6 +231,7 @@ class ClusterCore(RedisCore):
             errors.TryAgainError,
             errors.ClusterDownError,
             errors.RedisClusterException,  # a slot nobody serves: nothing sent
+            Unreplicated,  # applied, but not to be handed out: made again, skipped
         )
         failed = (redis.ConnectionError, redis.TimeoutError)
         deadline = time.monotonic() + _FAILOVER

@@ -121,6 +121,12 @@ class Held:
             self._pool.release(self._held.pop())
 
 
+class Unreplicated(Exception):
+    """An increment on a Redis Cluster primary that has a replica, which no replica
+    acknowledged within the wait: a failover could bring the key back below it, so its
+    value is not handed out (the increment is made again, the value skipped)."""
+
+
 class _Script:
     """A Lua script, run by its digest (loaded into the server the first time it is
     missing there)."""
