@@ -296,6 +296,9 @@ class ClusterNode(RedisServer):
             *("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
             *("--cluster-node-timeout", str(self.NODE_TIMEOUT_MS)),
             *("--cluster-replica-validity-factor", "0", "--cluster-require-full-coverage", "no"),
+            # A primary drops a replica gone silent within 5 s: until then its ids and
+            # monotonic values wait for that replica (docs/deploying.md).
+            *("--repl-ping-replica-period", "1", "--repl-timeout", "5"),
         ]
 
     def client(self) -> redis.Redis:
