@@ -41,11 +41,11 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 import shardkit  # noqa: E402
 from backends import PREFIX  # noqa: E402
-from celery_app import Config, build  # noqa: E402
+from celery_app import build  # noqa: E402
 from celery_workers import Workers  # noqa: E402
-from deployment import Deployment  # noqa: E402
-from hosts import Host, Hosts  # noqa: E402
-from servers import ClusterNode, PostgresServer, RedisServer, running  # noqa: E402
+from deployment import Deployment, deployed  # noqa: E402
+from hosts import Host  # noqa: E402
+from servers import ClusterNode  # noqa: E402
 
 Cell = dict[str, float]  # one round's figures of one (mode, hosts) cell
 
@@ -91,39 +91,12 @@ class Job:
 
     def __init__(self, deployment: Deployment, rows: int, logs: Path) -> None:
         self.rows = rows
-        self.name = f"{PREFIX}bench_hosts_{uuid.uuid4().hex[:8]}"
-        broker = deployment.broker.url
-        self.config = Config(
-            store=deployment.store_url,
-            cache=broker.removesuffix("/0") + "/1",
-            prefix=PREFIX,
-            broker=broker,
-            queue=f"shardkit-bench-{uuid.uuid4().hex[:12]}",
-            record=f"shardkit-bench:hosts:{uuid.uuid4().hex[:12]}",
-        )
+        self.table = deployment.job_table(rows)
+        self.name = self.table.name
+        self.config = deployment.celery_config("bench-hosts")
         self.records = redis.Redis.from_url(self.config.cache)
         self.logs = logs
         self.app, self.kit = build(self.config)
-        metadata = sa.MetaData()
-        self.table = sa.Table(
-            self.name,
-            metadata,
-            sa.Column("k", sa.BigInteger, primary_key=True, autoincrement=False),
-            sa.Column("balance", sa.Integer, nullable=False),
-        )
-        sa.Table(
-            f"{self.name}_pages",
-            metadata,
-            sa.Column("host", sa.Text, nullable=False),
-            sa.Column("first", sa.BigInteger, nullable=False),
-            sa.Column("size", sa.Integer, nullable=False),
-        )
-        self.metadata = metadata
-        engine = self.kit.store.engine
-        metadata.create_all(engine)
-        insert = f"INSERT INTO {self.name} (k, balance) SELECT g, 0 FROM generate_series(1, :n) g"
-        with engine.begin() as conn:
-            conn.execute(sa.text(insert), {"n": rows})
 
     def run(self, on: list[Host]) -> Cell:
         """Rows per second of the job with one worker on each host of ``on``, checked."""
@@ -163,32 +136,23 @@ def main() -> None:
     args = parser.parse_args()
     counts = [1, 2, 3]
     cells: dict[tuple[str, int], list[Cell]] = {}
-    with tempfile.TemporaryDirectory() as logs, running(Hosts, 4) as hosts:
-        store = PostgresServer().placed(hosts[0], 5432)
-        broker = RedisServer().placed(hosts[0], 6379)
-        with (
-            running(lambda: store),
-            running(lambda: broker),
-            running(Deployment, hosts, store, broker) as deployment,
-        ):
-            mapping = Job(deployment, args.rows, Path(logs))
-            modes: dict[str, Callable[[list[Host]], Cell]] = {
-                "sharded": lambda on: writes(deployment, "sharded", on, args.seconds, args.threads),
-                "buffered": lambda on: writes(
-                    deployment, "buffered", on, args.seconds, args.threads
-                ),
-                "map": mapping.run,
-            }
-            try:
-                for number in range(args.repeat):
-                    turn = number % len(counts)
-                    for count in counts[turn:] + counts[:turn]:
-                        for mode, run in modes.items():
-                            cell = run(deployment.workers[:count])
-                            cells.setdefault((mode, count), []).append(cell)
-                            print(f"round {number + 1}, {count} hosts, {mode}: {cell}", flush=True)
-            finally:
-                mapping.close()
+    with tempfile.TemporaryDirectory() as logs, deployed() as deployment:
+        mapping = Job(deployment, args.rows, Path(logs))
+        modes: dict[str, Callable[[list[Host]], Cell]] = {
+            "sharded": lambda on: writes(deployment, "sharded", on, args.seconds, args.threads),
+            "buffered": lambda on: writes(deployment, "buffered", on, args.seconds, args.threads),
+            "map": mapping.run,
+        }
+        try:
+            for number in range(args.repeat):
+                turn = number % len(counts)
+                for count in counts[turn:] + counts[:turn]:
+                    for mode, run in modes.items():
+                        cell = run(deployment.workers[:count])
+                        cells.setdefault((mode, count), []).append(cell)
+                        print(f"round {number + 1}, {count} hosts, {mode}: {cell}", flush=True)
+        finally:
+            mapping.close()
     report(cells, counts, args)
 
 

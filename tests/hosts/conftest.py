@@ -6,19 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from deployment import Deployment
-from hosts import Hosts
-from servers import PostgresServer, RedisServer, running
+from deployment import Deployment, deployed
 
 
 @pytest.fixture
 def deployment() -> Iterator[Deployment]:
-    with running(Hosts, 4) as hosts:
-        store = PostgresServer().placed(hosts[0], 5432)
-        broker = RedisServer().placed(hosts[0], 6379)
-        with (
-            running(lambda: store),
-            running(lambda: broker),
-            running(Deployment, hosts, store, broker) as deployed,
-        ):
-            yield deployed
+    with deployed() as deployment:
+        yield deployment

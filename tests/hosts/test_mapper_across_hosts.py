@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 import redis
 import sqlalchemy as sa
 
-from backends import PREFIX, wait_for
-from celery_app import Config, build
+from backends import wait_for
+from celery_app import build
 from celery_workers import Workers
 from deployment import Dashboard, Deployment
 from hosts import Host
@@ -28,32 +27,7 @@ DEADLINE = 600.0  # seconds the job may take, faults included
 
 @pytest.fixture
 def table(deployment: Deployment) -> sa.Table:
-    """The source table (``k``, ``balance`` 0) and its ``_pages`` record, on the
-    deployment's own PostgreSQL (removed with it)."""
-    engine = sa.create_engine(deployment.store_url)
-    metadata = sa.MetaData()
-    name = f"{PREFIX}hosts_{uuid.uuid4().hex[:8]}"
-    source = sa.Table(
-        name,
-        metadata,
-        sa.Column("k", sa.BigInteger, primary_key=True, autoincrement=False),
-        sa.Column("balance", sa.Integer, nullable=False),
-    )
-    sa.Table(
-        f"{name}_pages",
-        metadata,
-        sa.Column("host", sa.Text, nullable=False),
-        sa.Column("first", sa.BigInteger, nullable=False),
-        sa.Column("size", sa.Integer, nullable=False),
-    )
-    metadata.create_all(engine)
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text(f"INSERT INTO {name} (k, balance) SELECT g, 0 FROM generate_series(1, :n) g"),
-            {"n": ROWS},
-        )
-    engine.dispose()
-    return source
+    return deployment.job_table(ROWS)
 
 
 def test_a_job_on_three_hosts_survives_a_partition_and_a_dead_host(
@@ -64,15 +38,7 @@ def test_a_job_on_three_hosts_survives_a_partition_and_a_dead_host(
     the broker hands their ranges to the third host after its visibility timeout; the
     cut-off host's page, going on when it comes back, changes nothing. The third host's
     dashboard shows the job through."""
-    broker = deployment.broker.url  # database 0: the broker's; 1: the kit's cache, records
-    config = Config(
-        store=deployment.store_url,
-        cache=broker.removesuffix("/0") + "/1",
-        prefix=PREFIX,
-        broker=broker,
-        queue=f"shardkit-hosts-{uuid.uuid4().hex[:12]}",
-        record=f"shardkit-test:hosts:{uuid.uuid4().hex[:12]}",
-    )
+    config = deployment.celery_config("hosts")
     monkeypatch.setenv("SHARDKIT_HOSTS_TABLE", table.name)  # the workers inherit it
     records = redis.Redis.from_url(config.cache)
     workers = Workers(config, records, tmp_path)

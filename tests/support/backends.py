@@ -162,7 +162,7 @@ def scrape(url: str) -> Samples:
     prometheus_client's own parser)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    with urllib.request.urlopen(url, timeout=10) as response:
+    with urllib.request.urlopen(url, timeout=60) as response:
         text = response.read().decode()
     return {
         (sample.name, frozenset(sample.labels.items())): sample.value

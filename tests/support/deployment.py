@@ -5,38 +5,25 @@ and a Redis Cluster of three primaries, each with its replica on another of them
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Mapping, Sequence
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
-from backends import PREFIX, SUPPORT, wait_for
+from backends import PREFIX, SUPPORT, Samples, sample, scrape, wait_for
+from celery_app import Config
 from host_work import acknowledged
 from hosts import Host, Hosts
-from servers import PostgresServer, RedisClusterServers, RedisServer
-
-# Each sample's value by its name and labels.
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def scrape(url: str) -> Samples:
-    """The metrics served at ``url``."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(url, timeout=60) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
+from servers import PostgresServer, RedisClusterServers, RedisServer, running
 
 METRICS_PORT = 9464  # where writers serve their metrics, on their host's address
 
@@ -83,6 +70,46 @@ class Deployment:
     @property
     def store_url(self) -> str:
         return self.store.url
+
+    def celery_config(self, tag: str) -> Config:
+        """The configuration of Celery workers and kits on this deployment: the broker's
+        database 0, the kits' cache and the workers' records in its database 1 (a queue
+        and records of their own, named after ``tag``)."""
+        broker, run = self.broker.url, uuid.uuid4().hex[:12]
+        return Config(
+            store=self.store_url,
+            cache=broker.removesuffix("/0") + "/1",
+            prefix=PREFIX,
+            broker=broker,
+            queue=f"shardkit-{tag}-{run}",
+            record=f"shardkit-test:{tag}:{run}",
+        )
+
+    def job_table(self, rows: int) -> sa.Table:
+        """A source table for ``host_work:add_ten``, on the store: keys ``k`` 1 … ``rows``,
+        ``balance`` 0, and its ``_pages`` record."""
+        metadata = sa.MetaData()
+        name = f"{PREFIX}hosts_{uuid.uuid4().hex[:8]}"
+        source = sa.Table(
+            name,
+            metadata,
+            sa.Column("k", sa.BigInteger, primary_key=True, autoincrement=False),
+            sa.Column("balance", sa.Integer, nullable=False),
+        )
+        sa.Table(
+            f"{name}_pages",
+            metadata,
+            sa.Column("host", sa.Text, nullable=False),
+            sa.Column("first", sa.BigInteger, nullable=False),
+            sa.Column("size", sa.Integer, nullable=False),
+        )
+        engine = sa.create_engine(self.store_url)
+        metadata.create_all(engine)
+        insert = f"INSERT INTO {name} (k, balance) SELECT g, 0 FROM generate_series(1, :n) g"
+        with engine.begin() as conn:
+            conn.execute(sa.text(insert), {"n": rows})
+        engine.dispose()
+        return source
 
     @property
     def cache_url(self) -> str:
@@ -182,9 +209,19 @@ class Dashboard:
 
     def metric(self, name: str, **labels: str) -> float:
         """The value of the sample ``name`` with ``labels`` on the dashboard's /metrics."""
-        wanted = labels.items()
-        scraped = scrape(self.url + "/metrics")
-        [value] = [
-            v for (n, has), v in scraped.items() if n == name and wanted <= dict(has).items()
-        ]
-        return value
+        return sample(scrape(self.url + "/metrics"), name, **labels)
+
+
+@contextlib.contextmanager
+def deployed() -> Iterator[Deployment]:
+    """Four hosts, the store and the broker on the first, the cache cluster over the
+    others: removed when the block exits, however."""
+    with running(Hosts, 4) as hosts:
+        store = PostgresServer().placed(hosts[0], 5432)
+        broker = RedisServer().placed(hosts[0], 6379)
+        with (
+            running(lambda: store),
+            running(lambda: broker),
+            running(Deployment, hosts, store, broker) as deployment,
+        ):
+            yield deployment
