@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow
 
 PARTITION = 10.0  # seconds a host stays cut off
 WRITES = "shardkit_write_seconds_count"
+FELL_BACK = "shardkit_failures_ridden_out_total"
 PROGRESS = 100  # acknowledged writes that show a host's writers going on
 
 
@@ -29,10 +30,15 @@ def test_acknowledged_sharded_increments_count_once_across_partitions(
     """Writers retry a failed increment with its key: a host cut off mid-write, or the
     host of a cache primary, loses and doubles nothing. The store drops the cut-off
     host's connections meanwhile, so each of its writes in flight fails when it comes
-    back (and is retried): its metrics count them."""
+    back (and is retried), and the adjustments of the counter's cached value it sends
+    meanwhile (to a primary on another host) fail without failing a write: its metrics
+    count both."""
     name = f"test:hosts:sharded:{uuid.uuid4().hex}"
     deployment.writers("sharded", name, tmp_path)
-    hosts = deployment.workers
+    with shardkit.connect(deployment.store_url, deployment.cache_url, prefix=PREFIX) as kit:
+        owner = kit.cache.owner(kit.sharded(name)._value_key)  # type: ignore[attr-defined]
+    # The hosts cut off in turn: first one whose cached value lives on another host.
+    hosts = sorted(deployment.workers, key=lambda h: owner.startswith(f"{h.address}:"))
     pids = {host: process.pid for host, process, _ in deployment.started}
     for host in hosts:
         deployment.goes_on(host, PROGRESS)
@@ -50,6 +56,8 @@ def test_acknowledged_sharded_increments_count_once_across_partitions(
         assert failed >= 1
         metrics = deployment.metrics(victim)
         assert sample(metrics, WRITES, kind="sharded", outcome="failed") == failed
+        if victim is hosts[0]:
+            assert sample(metrics, FELL_BACK, action="adjusting cached values") >= 1
     deployment.stop_writers()
     with shardkit.connect(deployment.store_url, deployment.cache_url, prefix=PREFIX) as kit:
         assert kit.sharded(name).value(fresh=True) == len(acknowledged(tmp_path))
