@@ -16,7 +16,7 @@ import sqlalchemy as sa
 import shardkit
 import shardkit.aio
 import workers
-from backends import CACHE_URLS, CLUSTER, PREFIX, STORE_URLS, Target, cache_url_of, require
+from backends import CACHE_URLS, CLUSTER, NEVER, PREFIX, STORE_URLS, Target, cache_url_of, require
 from received import increments_received, row_writes
 from shardkit.errors import (
     ConfigurationError,
@@ -280,7 +280,7 @@ def test_buffered_sync_and_async_processes_count_and_flush_each_other_exactly(
     target = Target(store_url, cache_url)
 
     async def work(kit: shardkit.aio.AsyncKit) -> tuple[int, Any]:
-        hits = await kit.buffered(name, interval=3600)
+        hits = await kit.buffered(name, interval=NEVER)
         process = sync_process(target, name, "buffered", 300)
         for round_ in range(10):
             await asyncio.gather(*(hits.incr() for _ in range(40)))
@@ -306,7 +306,7 @@ def test_concurrent_coroutines_share_one_cache_command(
     the cache server counts them)."""
 
     async def work(kit: shardkit.aio.AsyncKit) -> tuple[int, int]:
-        hits = await kit.buffered(name, interval=3600)
+        hits = await kit.buffered(name, interval=NEVER)
         await hits.incr()  # its generation exists: what follows is bumps only
         sent = record_bumps(kit)  # memory://, which has no server: its calls
         received = increments_received(own_cache_url) or (lambda: len(sent))
@@ -327,7 +327,7 @@ def test_cancelled_buffered_increments_counted_or_not_never_half(
     command was sent — and a flush moves exactly that."""
 
     async def work(kit: shardkit.aio.AsyncKit) -> tuple[int, int, int, Any]:
-        hits = await kit.buffered(name, interval=3600)
+        hits = await kit.buffered(name, interval=NEVER)
         await hits.incr()
         sent = record_bumps(kit)
         loop = asyncio.get_running_loop()
@@ -357,7 +357,7 @@ def test_a_flush_moves_a_cancelled_increment_whose_command_is_on_its_way(
     begun before that command lands waits for it and moves it, leaving nothing behind."""
 
     async def work(kit: shardkit.aio.AsyncKit) -> tuple[int, Any]:
-        hits = await kit.buffered(name, interval=3600)
+        hits = await kit.buffered(name, interval=NEVER)
         await hits.incr()
         sending, landing = asyncio.Event(), asyncio.Event()
         real = kit.cache.bump
@@ -400,7 +400,7 @@ def test_closing_flushes_what_is_pending(store_url: str, aio_cache_url: str, nam
     """``aclose()`` runs the flushes waiting on the loop: the store has every count."""
 
     async def work(kit: shardkit.aio.AsyncKit) -> None:
-        hits = await kit.buffered(name, interval=3600)
+        hits = await kit.buffered(name, interval=NEVER)
         await hits.incr(41)
         await hits.decr()
 
@@ -418,7 +418,7 @@ def test_async_delete_and_reset_end_every_kind(
     async def work(kit: shardkit.aio.AsyncKit) -> None:
         votes = await kit.sharded(f"{name}:s")
         await votes.incr(5)
-        hits = await kit.buffered(f"{name}:b", interval=3600)
+        hits = await kit.buffered(f"{name}:b", interval=NEVER)
         await hits.incr(3)
         sequence = await kit.monotonic(f"{name}:m", chance_to_write=1.0)
         await sequence.incr(9)

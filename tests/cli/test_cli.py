@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 import shardkit
-from backends import CACHE_URLS, PREFIX, require, store_url_for, wait_for
+from backends import CACHE_URLS, NEVER, PREFIX, require, store_url_for, wait_for
 from shardkit.cli import main
 from shardkit.mapper.tables import ledger_tables
 from shardkit.store.base import Flushed
@@ -169,15 +169,15 @@ def test_get_and_flush_show_a_buffered_counters_parts(  # type: ignore[no-untype
     redis_run, sqlite_url: str, name: str
 ) -> None:
     with shardkit.connect(sqlite_url, CACHE_URLS["redis"], prefix=PREFIX) as kit:
-        kit.buffered(name, interval=3600).incr(4)
+        kit.buffered(name, interval=NEVER).incr(4)
         assert redis_run("get", name) == (0, "4 (stored 0, pending 4)\n", "")
         assert redis_run("flush", name) == (0, f"{name} +4\n", "")
         assert redis_run("get", name) == (0, "4 (stored 4, pending 0)\n", "")
-        kit.buffered(name, interval=3600).incr(-1)
+        kit.buffered(name, interval=NEVER).incr(-1)
         code, out, _ = redis_run("flush", "--all")
         assert code == 0
         assert f"{name} -1\n" in out
-        kit.buffered(name, interval=3600).incr(2)
+        kit.buffered(name, interval=NEVER).incr(2)
         code, out, _ = redis_run("worker", "--once")
         assert (code, f"{name} +2\n" in out) == (0, True)
         assert kit.buffered(name).parts() == (5, 0)
@@ -243,7 +243,7 @@ def test_worker_flushes_in_the_foreground_until_interrupted(
     ]  # fmt: skip
     errors = tmp_path / "worker.err"
     with shardkit.connect(sqlite_url, CACHE_URLS["redis"], prefix=PREFIX) as kit:
-        hits = kit.buffered(name, interval=3600)
+        hits = kit.buffered(name, interval=NEVER)
         hits.incr(6)
         with open(errors, "w") as stderr:
             worker = subprocess.Popen(
@@ -406,8 +406,8 @@ def test_flush_all_exits_1_naming_what_it_could_not_flush(sqlite_url: str, name:
     prefix = f"{PREFIX}ff{uuid.uuid4().hex[:6]}_"  # huge values: tables of its own
     with shardkit.connect(sqlite_url, redis_url, prefix=prefix) as kit:
         try:
-            full = kit.buffered(name, interval=3600)
-            other = kit.buffered(f"{name}:other", interval=3600)
+            full = kit.buffered(name, interval=NEVER)
+            other = kit.buffered(f"{name}:other", interval=NEVER)
             for generation in (1, 2):  # records that put the stored value at 2**63 - 2
                 kit.store.add_generation(name, generation)
                 kit.store.advance(name, generation, Flushed(), Flushed(2**62 - 1, 0))

@@ -28,6 +28,7 @@ from sqlalchemy.engine import make_url
 import shardkit
 from backends import (
     CACHE_URLS,
+    NEVER,
     PREFIX,
     ROOT,
     SUPPORT,
@@ -89,7 +90,7 @@ def test_metrics_over_http_move_exactly_with_the_work(kit: shardkit.Kit, table: 
         big.incr(INT64_MAX)
         with pytest.raises(shardkit.CounterOverflow):
             big.incr()
-        hits = kit.buffered(names["buffered"], interval=3600)
+        hits = kit.buffered(names["buffered"], interval=NEVER)
         for _ in range(7):
             hits.incr()
         middle = scrape(url)
@@ -303,7 +304,7 @@ def test_the_dashboard_lists_counters_with_their_parts(
 ) -> None:
     prefix = f"test:dash:{uuid.uuid4().hex}:"
     kit.sharded(prefix + "views", shards=4).incr(6)
-    hits = kit.buffered(prefix + "hits", interval=3600)
+    hits = kit.buffered(prefix + "hits", interval=NEVER)
     hits.incr(9)
     hits.flush()
     hits.incr(2)

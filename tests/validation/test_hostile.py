@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import shardkit
-from backends import PREFIX
+from backends import NEVER, PREFIX
 from shardkit import _urls
 from shardkit.counters.buffered import _BASE, _FULL, MAX_DELTA, BufferedCounter
 from shardkit.errors import ConfigurationError, CounterOverflow, FlushFailed, InvalidDelta
@@ -20,7 +20,7 @@ from shardkit.store.base import Flushed
 def test_a_buffered_delta_past_its_limit_is_refused_and_counts_nothing(
     kit: shardkit.Kit, name: str, delta: int
 ) -> None:
-    counter = kit.buffered(name, interval=3600)
+    counter = kit.buffered(name, interval=NEVER)
     counter.incr(5)
     with pytest.raises(InvalidDelta):
         counter.incr(delta)
@@ -40,7 +40,7 @@ def _writing(counter: BufferedCounter) -> tuple[int, tuple[str, str]]:
 def test_a_full_generation_hands_over_to_a_new_one(big: shardkit.Kit, name: str) -> None:
     """Once a sum passes 2**61, the next increments go to another generation: no sum can
     reach what the cache (memcached wraps at it) or the store holds, and nothing is lost."""
-    counter = big.buffered(name, interval=3600, stripes=1)
+    counter = big.buffered(name, interval=NEVER, stripes=1)
     counter.incr(1)
     first, (up, _) = _writing(counter)
     big.cache.bump(up, _FULL - 1)  # as if 2**61 - 1 more had been counted
@@ -56,8 +56,8 @@ def test_a_full_generation_hands_over_to_a_new_one(big: shardkit.Kit, name: str)
 def test_a_flush_past_signed_64_bit_fails_alone_and_keeps_the_pending_sums(
     big: shardkit.Kit, name: str
 ) -> None:
-    full = big.buffered(name, interval=3600)
-    other = big.buffered(name + ":other", interval=3600)
+    full = big.buffered(name, interval=NEVER)
+    other = big.buffered(name + ":other", interval=NEVER)
     for generation in (1, 2):  # records that put the stored value at 2**63 - 2
         big.store.add_generation(name, generation)
         assert big.store.advance(name, generation, Flushed(), Flushed(2**62 - 1, 0))
