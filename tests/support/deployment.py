@@ -115,14 +115,6 @@ class Deployment:
     def cache_url(self) -> str:
         return self.cluster.url
 
-    def revive(self, host: Host) -> None:
-        """Bring a killed worker host back: its link, then its cache nodes (they rejoin
-        as replicas); return once the cluster is whole again."""
-        host.heal()
-        for node in self.cluster.on(host):
-            node.start()
-        self.cluster.wait_healthy()
-
     def primaries_on(self, host: Host) -> int:
         """How many of the cache's primaries ``host`` holds now."""
         return sum(node.host is host for node in self.cluster.primaries())

@@ -137,9 +137,6 @@ class Hosts:
     def __iter__(self) -> Iterator[Host]:
         return iter(self.hosts)
 
-    def __len__(self) -> int:
-        return len(self.hosts)
-
     def start(self) -> None:
         with open(_LOCK, "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # two sessions never draw the same subnet

@@ -17,9 +17,10 @@ WAIT_MS = 500
 
 
 class Alone:
-    """The primaries whose ``ROLE``, asked with each increment, lists no replica: their
-    increments are not waited for (each would wait the whole timeout, and a primary with
-    no replica cannot be replaced by a stale one) until a ``ROLE`` lists one again."""
+    """The primaries whose ``ROLE`` (asked after an increment no replica acknowledged)
+    lists no replica: their increments are not waited for (each would wait the whole
+    timeout, and a primary with no replica cannot be replaced by a stale one) but asked
+    ``ROLE`` again with each, until it lists one."""
 
     def __init__(self) -> None:
         self._alone: set[str] = set()
@@ -84,12 +85,15 @@ class NodePipes:
             pipe.evalsha(_INCR.sha, 1, key, delta)
             if waits:
                 pipe.wait(1, WAIT_MS)
-            pipe.execute_command("ROLE")
-            done = pipe.execute()
-        replicated = waits and bool(done[1])
-        if self._alone.found(node.name, done[-1]) and not replicated:
+            else:  # a replica that is back must be waited for from this increment on
+                pipe.execute_command("ROLE")
+            value, answer = pipe.execute()
+        if waits and answer:  # a replica acknowledged it
+            return value
+        role = own.execute_command("ROLE") if waits else answer
+        if self._alone.found(node.name, role):
             raise Unreplicated(f"no replica of {node.name} acknowledged within {WAIT_MS} ms")
-        return done[0]
+        return value
 
     def refresh(self) -> None:
         redis = _redis_module()

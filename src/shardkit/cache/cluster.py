@@ -12,13 +12,14 @@ client.
 A primary acknowledges a write before its replicas have it, so a failover can bring a
 key back to an older value. For ``incr`` — what ids and monotonic values are handed out
 from — that would hand a value out twice: ``incr`` therefore returns only once a replica
-has the increment too (``WAIT``, in one pipeline with it and the primary's ``ROLE`` on
-the primary's connection). If no replica acknowledges within ``WAIT_MS`` (it lags, or
-its primary is cut off from it) the value is not handed out: the increment is made
-again, the value skipped, until one does or ``_FAILOVER`` has passed. A primary whose
-``ROLE`` lists no replica (its replica was promoted, or is down) is written to without
-waiting until a ``ROLE`` lists one again: with no replica, no failover can bring an
-older value back (both in ``shardkit.aio.pipes``, where ``Replicas`` is played).
+has the increment too (``WAIT``, in one pipeline with it on the primary's connection).
+If no replica acknowledges within ``WAIT_MS`` and the primary's ``ROLE`` lists one (it
+lags, or its primary is cut off from it) the value is not handed out: the increment is
+made again, the value skipped, until one does or ``_FAILOVER`` has passed. A primary
+whose ``ROLE`` lists no replica (its replica was promoted, or is down) is written to
+without waiting, its ``ROLE`` asked in the same pipeline, until it lists one again:
+with no replica, no failover can bring an older value back (both in
+``shardkit.aio.pipes``, where ``Replicas`` is played).
 """
 
 from __future__ import annotations
