@@ -343,7 +343,7 @@ def test_job_ids_are_shown_short_and_taken_by_their_start(run: Run, sqlite_url: 
         assert len(mine) == 2
         assert mine[0].keys() == {
             "id", "state", "rows", "estimate", "pending", "done", "depth", "pages",
-            "failures", "created_at", "finished_at", "error",
+            "failures", "taken_over", "created_at", "finished_at", "error",
         }  # fmt: skip
         assert {line["state"] for line in mine} == {"complete"}
     finally:

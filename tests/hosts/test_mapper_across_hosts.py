@@ -37,7 +37,7 @@ def test_a_job_on_three_hosts_survives_a_partition_and_a_dead_host(
     The store drops both hosts' connections (and their locks) by its TCP timeouts, and
     the broker hands their ranges to the third host after its visibility timeout; the
     cut-off host's page, going on when it comes back, changes nothing. The third host's
-    dashboard shows the job through."""
+    dashboard and metrics show the job through, and the dead host's range taken over."""
     config = deployment.celery_config("hosts")
     monkeypatch.setenv("SHARDKIT_HOSTS_TABLE", table.name)  # the workers inherit it
     records = redis.Redis.from_url(config.cache)
@@ -94,11 +94,24 @@ def test_a_job_on_three_hosts_survives_a_partition_and_a_dead_host(
         assert status.pending == 0
         assert sum(done_by().values()) == ROWS
         assert done_by().get(dead.address, 0) == died_with  # nothing of it came later
-        # The surviving host's dashboard, and its metrics, show the job done.
+        # The surviving host's dashboard, and its metrics, show the job done, and that a
+        # range holding the dead host's page was run again with no failure recorded.
         shown = dashboard.get(f"/api/jobs/{status.id}")
         assert shown["job"]["state"] == "complete"
         assert {r["state"] for r in shown["ranges"]} == {"done"}
         assert dashboard.metric("shardkit_job_rows_total", job_id=status.id) == ROWS
+        holding = [
+            r
+            for r in shown["ranges"]
+            if (r["lo"] is None or int(r["lo"]) <= first[dead])
+            and (r["hi"] is None or first[dead] < int(r["hi"]))
+        ]
+        assert max(r["runs"] - r["failures"] for r in holding) >= 2
+        taken_over = shown["job"]["taken_over"]
+        assert taken_over >= 1
+        assert dashboard.metric("shardkit_job_ranges_taken_over_total", job_id=status.id) == (
+            taken_over
+        )
     finally:
         workers.stop_all()
         kit.close()

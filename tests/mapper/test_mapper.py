@@ -1118,12 +1118,16 @@ def test_finished_ranges_leave_completing_the_job_to_the_last(
     # A range that finishes while it can hold another pending range leaves completing
     # the job to it; only those that finish with every other one in flight look for
     # pending ranges (outside any transaction), and only those that find none open the
-    # transaction that completes the job. Commits: the job, its estimate, the pages, and
-    # those transactions. (How many ranges finish last of those in flight depends on the
-    # machine's load: about ``workers`` on a quiet one, 9 for 4 workers seen on a busy
-    # one; never most of them.)
+    # transaction that completes the job. Commits: the job, its estimate, the pages,
+    # those transactions, and where autocommits are not free the count of each run
+    # begun. (How many ranges finish last of those in flight depends on the machine's
+    # load: about ``workers`` on a quiet one, 9 for 4 workers seen on a busy one; never
+    # most of them.)
     assert len(looked) <= status.done // 2
-    assert len(commits) <= 2 + status.pages + len(looked)
+    runs = sum(r.runs for r in job.ranges(10_000))
+    assert runs >= status.done
+    started = 0 if sql_store(kit).autocommits_free else runs
+    assert len(commits) <= 2 + status.pages + len(looked) + started
 
 
 # -- idempotency, failure, resume, cancel ---------------------------------------------------
@@ -1172,6 +1176,48 @@ def test_retries_count_the_failures_of_one_page_not_of_a_whole_range(
 
     assert values(kit, table) == plus(initial, 10)
     assert (status.state, status.rows, status.failures) == ("complete", 600, 20)
+    assert status.taken_over == 0  # every run after the first follows a recorded failure
+
+
+class _Died(BaseException):
+    """Ends a range's run as its worker's death would: nothing catches or records it."""
+
+
+def test_a_range_run_again_after_its_run_died_is_counted_taken_over(
+    tables: Tables, store_url: str
+) -> None:
+    table, initial = key_table(tables, "sequential", 600)
+    apply = add_ten(table)
+    pages = 0
+
+    def fn(batch: Batch) -> None:
+        nonlocal pages
+        pages += 1
+        apply(batch)
+        if pages == 3:
+            raise _Died  # mid-page: its update is rolled back with it
+
+    held = HeldExecutor()  # the range's task, delivered by hand below
+    with shardkit.connect(
+        store_url, "memory://", prefix=PREFIX, executor=held, secret="s3cret"
+    ) as here:
+        job = here.map(table, fn, transactional=True, page_size=30, fanout=1)
+        [(_, task)] = held.submitted
+        with pytest.raises(_Died):
+            here.mapper.run_range(job.id, task["range"])
+        status = job.status()
+        assert (status.rows, status.failures, status.taken_over) == (60, 0, 0)
+        here.mapper.run_range(job.id, task["range"])  # delivered again
+        status = job.status()
+        [root] = job.ranges()
+        assert values(here, table) == plus(initial, 10)
+    assert (status.state, status.rows, status.failures, status.taken_over) == (
+        "complete",
+        600,
+        0,
+        1,
+    )
+    assert (root.runs, root.failures) == (2, 0)
 
 
 def test_a_failed_job_resumes_where_it_stopped(kit: shardkit.Kit, tables: Tables) -> None:

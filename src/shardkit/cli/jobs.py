@@ -76,8 +76,8 @@ def jobs(ctx: click.Context, limit: int, as_json: bool) -> None:
     A job ID may be given by its start, as the list shows it.
 
     --json: a line per job: {"id", "state", "rows", "estimate", "pending", "done",
-    "depth", "pages", "failures", "created_at", "finished_at", "error"} (times in
-    seconds since the epoch)."""
+    "depth", "pages", "failures", "taken_over", "created_at", "finished_at", "error"}
+    (times in seconds since the epoch)."""
     if ctx.invoked_subcommand is not None:
         return
     kit = ctx.ensure_object(Context).reader
@@ -140,6 +140,7 @@ def job_status(context: Context, job_id: str, as_json: bool) -> None:
         + ("" if status.estimate is None else f" of about {status.estimate:,}"),
         f"ranges   {status.pending:,} pending, {status.done:,} done, depth {status.depth}",
         f"pages    {status.pages:,}",
+        f"retries  {status.failures:,} failed attempts, {status.taken_over:,} ranges taken over",
         f"elapsed  {elapsed:,.1f} s",
     ]
     if status.error:

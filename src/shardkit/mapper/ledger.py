@@ -60,7 +60,11 @@ class JobStatus:
     per commit); ``estimate`` is the source's row count when the job started (None until
     its first task ran); ``pending`` ranges are queued or in flight; ``depth`` is the
     deepest split so far; ``failures`` counts the failed attempts of its ranges (each
-    retried, until ``retries`` is spent; ``resume()`` clears the pending ones').
+    retried, until ``retries`` is spent; ``resume()`` clears the pending ones');
+    ``taken_over`` counts the runs of its ranges begun after an earlier run of the range
+    ended without a word: its worker died or was cut off mid-range (the executor
+    delivered its task again), a failure of it the store could not record, or its task
+    delivered twice (``resume()`` clears the pending ones' too).
     """
 
     id: str
@@ -87,6 +91,8 @@ class JobStatus:
     """Why it failed, or None."""
     failures: int = 0
     """Failed attempts of its ranges."""
+    taken_over: int = 0
+    """Runs of its ranges begun after an earlier run ended unrecorded."""
 
     @property
     def finished(self) -> bool:
@@ -107,6 +113,8 @@ class RangeInfo:
     rows: int
     pages: int
     failures: int
+    runs: int
+    """Runs of it begun (since its job was last resumed)."""
     error: str | None
 
 
@@ -129,6 +137,11 @@ class RangeLedger:
             sa.update(r)
             .where(self._this, r.c.state == PENDING, self._running)
             .values(pages=r.c.pages + 1)
+        )
+        self._start = (
+            sa.update(r)
+            .where(self._this, r.c.state == PENDING)
+            .values(runs=sa.func.coalesce(r.c.runs, 0) + 1)
         )
         # MySQL has no UPDATE … RETURNING: it reads the locked row back.
         self._read_locked = sa.select(*read).where(self._this)
@@ -304,9 +317,18 @@ class RangeLedger:
         statement = (
             sa.update(self.ranges)
             .where(self.ranges.c.job == job, self.ranges.c.state == PENDING)
-            .values(failures=0, tries=0)
+            .values(failures=0, tries=0, runs=0)
         )
         self.store.transaction(f"resuming job {job!r}", lambda conn: conn.execute(statement))
+
+    def started(self, job: str, range_id: str) -> None:
+        """Count a run of a pending range begun (a statement of its own, committed
+        whatever becomes of the run): a run beyond its failures' retries took it over
+        from one that ended unrecorded."""
+        params = {"p_job": job, "p_range": range_id}
+        self.store.standalone(
+            f"starting a range of job {job!r}", lambda conn: conn.execute(self._start, params)
+        )
 
     def take(self, conn: Connection, job: str, range_id: str) -> RangeRow | None:
         """In ``conn``'s transaction, lock a pending range of a running job and read it (a
@@ -457,6 +479,8 @@ def job_state(tables: LedgerTables, job: str) -> Program[str | None]:
 def job_statuses(tables: LedgerTables, job: str | None = None) -> Program[list[JobStatus]]:
     """The status of ``job``, or of every job (newest first): one query."""
     jobs, ranges = tables.jobs, tables.ranges
+    # A range's runs beyond its first that no recorded failure accounts for.
+    unexplained = sa.func.coalesce(ranges.c.runs, 0) - 1 - ranges.c.failures
     per_job = (
         sa.select(
             ranges.c.job,
@@ -466,11 +490,13 @@ def job_statuses(tables: LedgerTables, job: str | None = None) -> Program[list[J
             sa.func.sum(ranges.c.pages).label("pages"),
             sa.func.max(ranges.c.depth).label("depth"),
             sa.func.sum(ranges.c.failures).label("failures"),
+            sa.func.sum(sa.case((unexplained > 0, unexplained), else_=0)).label("taken_over"),
         )
         .group_by(ranges.c.job)
         .subquery()
     )
-    counts = [per_job.c[name] for name in ("pending", "done", "rows", "pages", "depth", "failures")]
+    figures = ("pending", "done", "rows", "pages", "depth", "failures", "taken_over")
+    counts = [per_job.c[name] for name in figures]
     statement = (
         sa.select(jobs, *counts)
         .outerjoin(per_job, per_job.c.job == jobs.c.id)
@@ -493,6 +519,7 @@ def job_statuses(tables: LedgerTables, job: str | None = None) -> Program[list[J
             finished_at=None if row.finished_at is None else float(row.finished_at),
             error=row.error,
             failures=int(row.failures or 0),
+            taken_over=int(row.taken_over or 0),
         )
         for row in rows
     ]
@@ -519,6 +546,7 @@ def job_ranges(tables: LedgerTables, job: str, limit: int) -> Program[list[Range
             rows=int(row.rows),
             pages=row.pages,
             failures=row.failures,
+            runs=row.runs or 0,
             error=row.error,
         )
         for row in rows

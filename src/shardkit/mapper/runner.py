@@ -296,6 +296,7 @@ class Mapper:
                 return
             if range_id == KeyRange().id(job):
                 self._estimate(job, spec)
+            self.ledger.started(job, range_id)
             row: RangeRow | None = None  # the range as this run left it: read it first
             while True:
                 try:

@@ -89,6 +89,7 @@ class LedgerTables:
             sa.Column("pages", sa.Integer, nullable=False),
             sa.Column("failures", sa.Integer, nullable=False),
             sa.Column("tries", sa.Integer),  # failed attempts since its last page
+            sa.Column("runs", sa.Integer),  # runs begun since its job was last resumed
             sa.Column("error", sa.Text),
             sa.Column("created_at", sa.Double, nullable=False),
             sa.Column("done_at", sa.Double),
@@ -104,7 +105,7 @@ class LedgerTables:
 
     def add_missing_columns(self, conn: Connection) -> None:
         """Add to tables made by an earlier version the nullable columns they lack (a
-        range's ``planned`` rows, its ``tries``). Idempotent; a concurrent caller's
+        range's ``planned`` rows, its ``tries``, its ``runs``). Idempotent; a concurrent caller's
         addition makes this one fail, and a second look finds the column there."""
         table = self.ranges
         have = {column["name"] for column in sa.inspect(conn).get_columns(table.name)}

@@ -101,6 +101,12 @@ class KitCollector:
             "Failed attempts of a job's ranges (each retried until its retries are spent).",
             labels=job,
         )
+        taken = core.CounterMetricFamily(
+            "shardkit_job_ranges_taken_over",
+            "Runs of a job's ranges begun after an earlier run ended unrecorded (its worker"
+            " died or was cut off, or its task was delivered twice).",
+            labels=job,
+        )
         state = core.GaugeMetricFamily(
             "shardkit_job_state",
             "1 for a job's current state, 0 for each other.",
@@ -115,9 +121,10 @@ class KitCollector:
             ranges.add_metric([status.id, "done"], status.done)
             depth.add_metric([status.id], status.depth)
             failures.add_metric([status.id], status.failures)
+            taken.add_metric([status.id], status.taken_over)
             for each in (RUNNING, *FINISHED):
                 state.add_metric([status.id, each], int(each == status.state))
-        return [rows, estimate, pages, ranges, depth, failures, state]
+        return [rows, estimate, pages, ranges, depth, failures, taken, state]
 
 
 class _Recorded:

@@ -172,6 +172,7 @@ class Monitor:
                     "rows": r.rows,
                     "pages": r.pages,
                     "failures": r.failures,
+                    "runs": r.runs,
                     "error": r.error,
                 }
                 for r in ranges
