@@ -41,6 +41,7 @@ def test_a_job_on_three_hosts_survives_a_partition_and_a_dead_host(
     config = deployment.celery_config("hosts")
     monkeypatch.setenv("SHARDKIT_HOSTS_TABLE", table.name)  # the workers inherit it
     records = redis.Redis.from_url(config.cache)
+    broker = redis.Redis.from_url(config.broker)
     workers = Workers(config, records, tmp_path)
     cut, dead, survivor = deployment.workers
     held = {host: tmp_path / f"held-{host.name}" for host in (cut, dead)}
@@ -64,6 +65,12 @@ def test_a_job_on_three_hosts_survives_a_partition_and_a_dead_host(
             with engine.connect() as conn:
                 return {str(host): int(rows) for host, rows in conn.execute(query)}
 
+        def handing_back() -> str:
+            """What the broker holds: tasks unacknowledged, and the lock under which
+            workers hand them back."""
+            unacked, lock = broker.zcard("unacked_index"), broker.ttl("unacked_mutex")
+            return f"({unacked} tasks unacknowledged, the hand-back lock's TTL {lock} s)"
+
         def connected(host: Host) -> int:
             """The store's connections from ``host``."""
             query = "SELECT count(*) FROM pg_stat_activity WHERE host(client_addr) = :a"
@@ -79,7 +86,8 @@ def test_a_job_on_three_hosts_survives_a_partition_and_a_dead_host(
         dead.kill()
         for host in (cut, dead):  # its page's rows are changed by another host meanwhile
             wait_for(lambda h=host: connected(h) == 0, f"the store to drop {host}", 60)
-            wait_for(lambda h=host: balance(first[h]) == 10, f"{host}'s page taken over", 120)
+            taken = f"{host}'s page taken over"
+            wait_for(lambda h=host: balance(first[h]) == 10, taken, 120, handing_back)
         died_with = done_by().get(dead.address, 0)  # final: the store dropped the host
         time.sleep(max(0.0, PARTITION - (time.monotonic() - cut_at)))
         cut.heal()
@@ -117,3 +125,4 @@ def test_a_job_on_three_hosts_survives_a_partition_and_a_dead_host(
         kit.close()
         app.close()
         records.close()
+        broker.close()

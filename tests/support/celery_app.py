@@ -45,6 +45,7 @@ FAULT_PROBABILITY = 0.5
 # It exceeds the 5 s a prefork master may take to see that a pool child died, so that
 # the task of a killed child comes back through reject_on_worker_lost, not this timeout.
 VISIBILITY_TIMEOUT = 10
+UNACKED_MUTEX_EXPIRE = 5
 QUEUE_EXPIRES = 120.0  # seconds a queue nobody uses lives on (earlier runs' queues go)
 BEAT_EVERY = 1.0  # seconds between the beat schedule's flush_all tasks
 
@@ -93,6 +94,9 @@ def make_app(config: Config) -> Celery:
             # Look for the unacknowledged tasks of a killed worker every second.
             "unacked_restore_interval": 1,
             "unacked_restore_throttle": 1,
+            # The lock a worker takes to hand them back: one cut off or killed holding
+            # it stops every worker's for this long (300 s by default).
+            "unacked_mutex_expire": UNACKED_MUTEX_EXPIRE,
         },
         # What the Celery page's beat schedule is, every second (a ``celery beat`` a test
         # starts sends it; workers alone ignore it).
