@@ -376,13 +376,17 @@ class Terminal:
 
     def run(self, command: str, answer: tuple[str, str] | None = None) -> str:
         """Clear the screen, run ``command`` (typing ``answer[1]`` once ``answer[0]``
-        shows) and return the screen once it has ended."""
+        shows below it) and return the screen once it has ended."""
         marker = f"done-{uuid.uuid4().hex[:6]}"
         self._tmux("send-keys", "clear", "Enter")
         self._tmux("send-keys", f"{command}; echo {marker}", "Enter")
         if answer is not None:
             asked, reply = answer
-            wait_for(lambda: asked in self.screen(), f"{asked!r} to show", 60, self.screen)
+
+            def shown() -> bool:  # below the command typed (the clear may not show yet)
+                return asked in self.screen().partition(f"echo {marker}")[2]
+
+            wait_for(shown, f"{asked!r} to show", 60, self.screen)
             self._tmux("send-keys", reply, "Enter")
         wait_for(lambda: f"\n{marker}" in self.screen(), f"{command!r} to end", 60, self.screen)
         return self.screen().split(f"\n{marker}")[0]
