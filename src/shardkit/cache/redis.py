@@ -168,8 +168,11 @@ class RedisCore:
         """Carry out ``step``, its Redis errors turned into ``BackendError``s."""
         try:
             return (yield from step)
-        except (self._redis.ConnectionError, self._redis.exceptions.RedisClusterException) as exc:
-            # (A cluster client raises RedisClusterException when no node answers.)
+        except (
+            self._redis.ConnectionError,
+            self._redis.TimeoutError,  # no reply in time: a server gone silent
+            self._redis.exceptions.RedisClusterException,  # a cluster of which no node answers
+        ) as exc:
             detail = _urls.scrub(str(exc), self._password)
             raise BackendUnavailable(f"cannot reach the cache at {self.url}: {detail}") from exc
         except self._redis.RedisError as exc:
@@ -261,10 +264,13 @@ def _millis(ttl: float | None) -> int:
 
 
 def _client(kind: Any, url: str, **options: Any) -> Any:
-    """A client (or pool) of class ``kind`` (sync or asyncio) for a cache URL."""
+    """A client (or pool) of class ``kind`` (sync or asyncio) for a cache URL: a
+    connection that cannot be made in 5 s, or a reply that does not come in 5 s (a
+    server gone silent: its host cut off), fails the call, unless the URL's query sets
+    ``socket_connect_timeout`` or ``socket_timeout`` (redis-py's: the query wins)."""
     _urls.split(url, "cache")
     try:
-        return kind.from_url(url, socket_connect_timeout=5, **options)
+        return kind.from_url(url, socket_connect_timeout=5, socket_timeout=5, **options)
     except (ValueError, TypeError) as exc:
         detail = _urls.scrub(str(exc), urlsplit(url).password)
         raise ConfigurationError(f"bad cache URL {_urls.redact(url)!r}: {detail}") from None
