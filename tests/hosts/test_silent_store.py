@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -69,7 +70,7 @@ def test_a_call_waiting_on_a_silent_store_fails_and_the_next_one_works(
 
 
 def test_a_call_waiting_on_a_silent_redis_cache_fails_in_seconds(
-    deployment: Deployment,
+    deployment: Deployment, tmp_path: Path
 ) -> None:
     """A buffered increment sent to a Redis server whose host is cut off (the connection
     it goes out on was made before) fails with ``BackendUnavailable`` once 5 s pass
@@ -77,7 +78,8 @@ def test_a_call_waiting_on_a_silent_redis_cache_fails_in_seconds(
     name = f"test:hosts:silent:{uuid.uuid4().hex}"
     cache_host = deployment.hosts[0]
     cache = deployment.broker.url.removesuffix("/0") + "/2"
-    with shardkit.connect(deployment.store_url, cache, prefix=PREFIX) as kit:
+    store = f"sqlite:///{tmp_path / 'store.db'}"  # here: only the cache's host is cut off
+    with shardkit.connect(store, cache, prefix=PREFIX) as kit:
         counter = kit.buffered(name, interval=NEVER)
         assert counter.incr() is None  # a pooled connection to the server, made
         cache_host.partition()
