@@ -38,6 +38,7 @@ from shardkit.cache.redis import (
     _ADDS,
     _INCR,
     _INCR_MANY,
+    TIMEOUT,
     Client,
     Held,
     RedisCore,
@@ -69,8 +70,8 @@ class Startup(NamedTuple):
             "username": self.username,
             "password": self.password,
             "ssl": self.ssl,
-            "socket_connect_timeout": 5,
-            "socket_timeout": 5,
+            "socket_connect_timeout": TIMEOUT,
+            "socket_timeout": TIMEOUT,
         }
 
 

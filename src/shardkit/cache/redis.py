@@ -258,19 +258,23 @@ class RedisCache(RedisCore, Blocking):
             self._client.close()
 
 
+# Seconds a connection may take to be made, and a reply to come, before the call fails
+# (a server gone silent: its host cut off), on a Redis server or cluster alike.
+TIMEOUT = 5
+
+
 def _millis(ttl: float | None) -> int:
     """A TTL in whole milliseconds, at least 1; 0 for none."""
     return 0 if ttl is None else max(1, math.ceil(ttl * 1000))
 
 
 def _client(kind: Any, url: str, **options: Any) -> Any:
-    """A client (or pool) of class ``kind`` (sync or asyncio) for a cache URL: a
-    connection that cannot be made in 5 s, or a reply that does not come in 5 s (a
-    server gone silent: its host cut off), fails the call, unless the URL's query sets
-    ``socket_connect_timeout`` or ``socket_timeout`` (redis-py's: the query wins)."""
+    """A client (or pool) of class ``kind`` (sync or asyncio) for a cache URL, its calls
+    failing after ``TIMEOUT`` unless the URL's query sets ``socket_connect_timeout`` or
+    ``socket_timeout`` (redis-py's: the query wins)."""
     _urls.split(url, "cache")
     try:
-        return kind.from_url(url, socket_connect_timeout=5, socket_timeout=5, **options)
+        return kind.from_url(url, socket_connect_timeout=TIMEOUT, socket_timeout=TIMEOUT, **options)
     except (ValueError, TypeError) as exc:
         detail = _urls.scrub(str(exc), urlsplit(url).password)
         raise ConfigurationError(f"bad cache URL {_urls.redact(url)!r}: {detail}") from None
