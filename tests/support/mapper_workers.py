@@ -67,7 +67,7 @@ def add_ten(batch: Any) -> None:
     """Add 10 to the balance of the page's rows through the job's transaction; then,
     sometimes, fail or die before that transaction commits: here, or at the statement
     that writes the page's checkpoint, after this function returned."""
-    _arm(batch.conn.engine)
+    _arm(batch.conn)
     table = _table()
     keys = [row["k"] for row in batch.rows]
     batch.conn.execute(
@@ -127,21 +127,47 @@ def _pending() -> set[str]:
 _CHECKPOINT = re.compile(r"""(?:WITH \S+ AS\s*\()?UPDATE \S*ranges SET [`"]?after[`"]?=""")
 
 
-@functools.cache
-def _arm(engine: sa.Engine) -> None:
-    """Strike the faults left for the checkpoint when its statement is about to run (in
-    this thread: a page's function and its checkpoint run in the same one)."""
+def _strike(statement: str) -> None:
+    """Strike the faults this thread left for its checkpoint, if ``statement`` is it."""
+    if not _CHECKPOINT.match(statement):
+        return
+    faults = _pending()
+    if "kill" in faults:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if "fail" in faults:
+        faults.discard("fail")
+        _fail("?", "at checkpoint")
 
+
+def _arm(conn: Any) -> None:
+    """Strike the faults left for the checkpoint as its statement is about to be sent on
+    ``conn`` (a page's function and its checkpoint run in one thread, on one connection):
+    through psycopg's cursors, which also run the statements SQLAlchemy does not (the
+    checkpoint of a page that keeps its range pending), else through SQLAlchemy's event."""
+    dbapi_connection = conn.connection.dbapi_connection
+    if conn.dialect.driver == "psycopg":
+        dbapi_connection.cursor_factory = _striking_cursor()
+    else:
+        _listen(conn.engine)
+
+
+@functools.cache
+def _striking_cursor() -> type:
+    import psycopg
+
+    class Striking(psycopg.Cursor[Any]):
+        def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+            _strike(str(query))
+            return super().execute(query, *args, **kwargs)
+
+    return Striking
+
+
+@functools.cache
+def _listen(engine: sa.Engine) -> None:
     @sa.event.listens_for(engine, "before_cursor_execute")
     def strike(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if not _CHECKPOINT.match(statement):
-            return
-        faults = _pending()
-        if "kill" in faults:
-            os.kill(os.getpid(), signal.SIGKILL)
-        if "fail" in faults:
-            faults.discard("fail")
-            _fail("?", "at checkpoint")
+        _strike(statement)
 
 
 def record_completion(completion: Any) -> None:
