@@ -16,7 +16,8 @@ import pytest
 import sqlalchemy as sa
 
 import shardkit
-from backends import PREFIX, redis_database, store_url_for
+from backends import PREFIX, redis_database, store_url_for, wait_for
+from shardkit.counters.sharded import _SHARDS_REFRESH
 from shardkit.counters.sizing import BUSY, LOOKBACK, SETTLE, WINDOW, Sizing, Window
 from workers import auto_writer
 
@@ -73,6 +74,31 @@ def test_a_lone_writer_never_grows_the_counter(kind: str, sqlite_url: str) -> No
     done, seen = _run_writers(store_url, name, 1)
     assert done > 2 * BUSY  # busy enough to be measured
     assert seen == [1]
+
+
+@pytest.mark.parametrize("kind", ["postgres", "mysql"])
+def test_threads_of_one_process_leave_it_at_one_shard(kind: str, sqlite_url: str) -> None:
+    """8 threads writing at once in one process: their writes are combined into the
+    process's statements, one at a time on the row, which never wait for each other."""
+    store_url = store_url_for(kind, sqlite_url)
+    name = f"test:auto:{uuid.uuid4().hex}"
+    with shardkit.connect(store_url, CACHE, prefix=PREFIX) as kit:
+        counter = kit.sharded(name)
+        done = [0] * 8
+        end = time.monotonic() + SECONDS
+
+        def write(slot: int) -> None:
+            while time.monotonic() < end:
+                counter.incr()
+                done[slot] += 1
+
+        threads = [threading.Thread(target=write, args=(slot,)) for slot in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sum(done) > 8 * BUSY  # busy enough to be measured
+        assert (counter.shards, counter.value(fresh=True)) == (1, sum(done))
 
 
 def test_on_sqlite_writers_taking_turns_leave_it_at_one_shard(sqlite_url: str) -> None:
@@ -172,6 +198,42 @@ def test_an_async_counter_waiting_on_its_row_grows_once_and_counts_exactly(
     shards, value, done = asyncio.run(main())
     assert (shards, value) == (4, done)
     assert len(_logged_growths(caplog)) == 1
+
+
+def test_a_writer_takes_up_a_growth_decided_elsewhere_within_the_refresh(
+    sqlite_url: str,
+) -> None:
+    """A writing process follows a count another one grew at its first write once
+    ``_SHARDS_REFRESH`` seconds have passed since it last read the count: from that write
+    on, its home shard (the 4th ticket) is a row of its own."""
+    store_url = store_url_for("postgres", sqlite_url)
+    name = f"test:auto:{uuid.uuid4().hex}"
+    with (
+        shardkit.connect(store_url, CACHE, prefix=PREFIX) as writer,
+        shardkit.connect(store_url, CACHE, prefix=PREFIX) as other,
+    ):
+        counter = writer.sharded(name)
+        writer.cache.add(writer.settings.cache_key(name, "sharded:ticket"), 2, 60)
+        counter.incr()  # ticket 3, on shard 3 % 1
+        looked = counter._looked_at  # when this process last read the count
+        assert other.sharded(name).grow(4) == 4
+        rows = sa.table(f"{PREFIX}shards", sa.column("name"), sa.column("shard"))
+        homes = sa.select(rows.c.shard).where(rows.c.name == name)
+        starts: list[float] = []
+        ends: list[float] = []
+
+        def home_taken() -> bool:
+            starts.append(time.monotonic())
+            counter.incr()
+            ends.append(time.monotonic())
+            with other.store.engine.connect() as conn:
+                return 3 in conn.execute(homes).scalars().all()
+
+        wait_for(home_taken, "the writer's home shard", timeout=_SHARDS_REFRESH + 30)
+        assert counter.value(fresh=True) == 1 + len(starts)  # exact across the growth
+    # The write that took it up ended once the refresh was due, the one before began before.
+    assert ends[-1] >= looked + _SHARDS_REFRESH
+    assert len(starts) == 1 or starts[-2] < looked + _SHARDS_REFRESH
 
 
 def test_sizing_waits_for_busy_contended_windows_and_settles() -> None:
