@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 PARTITION = 10.0  # seconds a host stays cut off
 WRITES = "shardkit_write_seconds_count"
 FELL_BACK = "shardkit_failures_ridden_out_total"
-ADJUSTING = "adjusting cached values"
+READING = "reading a cached value"
 PROGRESS = 100  # acknowledged writes that show a host's writers going on
 
 
@@ -31,8 +31,8 @@ def test_acknowledged_sharded_increments_count_once_across_partitions(
     """Writers retry a failed increment with its key: a host cut off mid-write, or the
     host of a cache primary, loses and doubles nothing. The store drops the cut-off
     host's connections meanwhile, so each of its writes in flight fails when it comes
-    back (and is retried), and the adjustments of the counter's cached value it sends
-    meanwhile (to a primary on another host) fail without failing a write: its metrics
+    back (and is retried), and its reads of the counter's cached value (from a primary
+    on another host) fail over to the store, which it cannot reach either: its metrics
     count both."""
     name = f"test:hosts:sharded:{uuid.uuid4().hex}"
     deployment.writers("sharded", name, tmp_path)
@@ -42,10 +42,12 @@ def test_acknowledged_sharded_increments_count_once_across_partitions(
     hosts = sorted(deployment.workers, key=lambda h: owner.startswith(f"{h.address}:"))
     pids = {host: process.pid for host, process, _ in deployment.started}
 
-    def adjustment_failed() -> bool:
-        """The first host cut off counted an adjustment that failed (once its cluster
-        client has read the cluster's map again, after the partition)."""
-        return sample(deployment.metrics(hosts[0]), FELL_BACK, action=ADJUSTING) >= 1
+    def read_failed() -> bool:
+        """The first host cut off counted a read of the cached value that failed, read
+        from inside it (its cluster client gives up once no node answers, retries and
+        reading the cluster's map again included)."""
+        metrics = deployment.metrics(hosts[0], within=True)
+        return sample(metrics, FELL_BACK, action=READING) >= 1
 
     for host in hosts:
         deployment.goes_on(host, PROGRESS)
@@ -56,6 +58,8 @@ def test_acknowledged_sharded_increments_count_once_across_partitions(
             if host is not victim:
                 deployment.goes_on(host, PROGRESS)
         time.sleep(max(0.0, PARTITION - (time.monotonic() - cut_at)))
+        if victim is hosts[0]:  # cut off until a read of the cached value has failed
+            wait_for(read_failed, "the cut-off host's failed read in its metrics", 120)
         assert deployment.acked(victim) <= cut + 4  # at most the replies in flight at the cut
         victim.heal()
         deployment.goes_on(victim, PROGRESS)
@@ -63,8 +67,6 @@ def test_acknowledged_sharded_increments_count_once_across_partitions(
         assert failed >= 1
         metrics = deployment.metrics(victim)
         assert sample(metrics, WRITES, kind="sharded", outcome="failed") == failed
-        if victim is hosts[0]:
-            wait_for(adjustment_failed, "the cut-off host's failed adjustment in its metrics", 60)
     deployment.stop_writers()
     with shardkit.connect(deployment.store_url, deployment.cache_url, prefix=PREFIX) as kit:
         assert kit.sharded(name).value(fresh=True) == len(acknowledged(tmp_path))

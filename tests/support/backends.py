@@ -160,10 +160,14 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 def scrape(url: str) -> Samples:
     """The samples a Prometheus endpoint serves now, by name and labels (parsed by
     prometheus_client's own parser)."""
+    with urllib.request.urlopen(url, timeout=60) as response:
+        return parse_samples(response.read().decode())
+
+
+def parse_samples(text: str) -> Samples:
+    """The samples of a Prometheus exposition ``text``, by name and labels."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    with urllib.request.urlopen(url, timeout=60) as response:
-        text = response.read().decode()
     return {
         (sample.name, frozenset(sample.labels.items())): sample.value
         for family in text_string_to_metric_families(text)

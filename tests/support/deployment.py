@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from backends import PREFIX, SUPPORT, Samples, sample, scrape, wait_for
+from backends import PREFIX, SUPPORT, Samples, parse_samples, sample, scrape, wait_for
 from celery_app import Config
 from host_work import acknowledged
 from hosts import Host, Hosts
@@ -152,9 +152,17 @@ class Deployment:
         where = f"on {host}" if host else "anywhere"
         wait_for(lambda: self.acked(host) >= start + more, f"{more} writes {where}", 60)
 
-    def metrics(self, host: Host) -> Samples:
-        """The metrics the writers on ``host`` serve now."""
-        return scrape(f"http://{host.address}:{METRICS_PORT}/metrics")
+    def metrics(self, host: Host, *, within: bool = False) -> Samples:
+        """The metrics the writers on ``host`` serve now: read from the test's process,
+        or from inside ``host`` (``within``: while it is cut off)."""
+        url = f"http://{host.address}:{METRICS_PORT}/metrics"
+        if not within:
+            return scrape(url)
+        read = f"import urllib.request; print(urllib.request.urlopen({url!r}).read().decode())"
+        done = subprocess.run(
+            host.command([sys.executable, "-c", read]), capture_output=True, timeout=60, check=True
+        )
+        return parse_samples(done.stdout.decode())
 
     def stop_writers(self) -> None:
         """Stop the writers (each finishes its write) and wait until they have exited."""

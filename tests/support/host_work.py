@@ -19,6 +19,7 @@ at most the acknowledgement being recorded):
 
 * ``sharded``: ``incr(1, key=…)``, retried with the same key after a failure until it
   is acknowledged (the record: 1); a thread that is stopped finishes its write first;
+  one more thread reads the counter's cached value (``value()``) over and over;
 * ``buffered``: ``incr(1)`` (the record: 1; a failed one is not recorded, though it
   may have counted);
 * ``ids``: ``next()`` (the record: the id).
@@ -30,6 +31,7 @@ recorded there (``/metrics``). It prints ``ready`` once its kit is connected and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import sys
@@ -130,6 +132,16 @@ def _writer(kit: shardkit.Kit, kind: str, name: str, thread: int) -> Callable[[i
     return write
 
 
+def _reader(kit: shardkit.Kit, name: str, directory: Path) -> None:
+    """Read the counter's cached value until ``directory/stop`` exists; a failed read
+    is its metrics' alone (a cache cut off: ``reading a cached value``)."""
+    counter = kit.sharded(name, shards=8)
+    while not (directory / "stop").exists():
+        with contextlib.suppress(shardkit.ShardkitError):
+            counter.value()
+        time.sleep(PAUSE)
+
+
 def main(
     kind: str, store: str, cache: str, prefix: str, name: str, where: str, threads: str
 ) -> None:
@@ -148,6 +160,8 @@ def main(
         )
         for n in range(int(threads))
     ]
+    if kind == "sharded":
+        running.append(threading.Thread(target=_reader, args=(kit, name, directory)))
     for thread in running:
         thread.start()
     print("ready", flush=True)
