@@ -4,8 +4,10 @@ Each answers ``ok`` after its update: ``/column/<pk>`` on a plain column,
 ``/sharded/<pk>`` and ``/buffered/<pk>`` on the video's sharded and buffered counts;
 ``/likes-incr/<pk>``, the buffered count's ``incr()`` on a video whose key is trusted (no
 read); ``/upsert/<pk>``, the sharded count's one statement written by hand (a row per
-thread, raw SQL on Django's connection): its ceiling; and ``/noop``, the framework's
-ceiling. The site's own pages stay as they are.
+thread, raw SQL on Django's connection): its ceiling; ``/orm-upsert/<pk>``, the same
+after building the queryset and expression of the sharded count's line, as Django does
+before any count's code runs; and ``/noop``, the framework's ceiling. The site's own
+pages stay as they are.
 """
 
 from __future__ import annotations
@@ -54,6 +56,14 @@ def upsert(request: HttpRequest, pk: int) -> HttpResponse:
     return HttpResponse(b"ok")
 
 
+def orm_upsert(request: HttpRequest, pk: int) -> HttpResponse:
+    """What Django does of the sharded count's line before a count's code runs (its
+    queryset and expression built), then the hand-written upsert: the ceiling of any
+    count updated through ``update()``."""
+    _ = Video.objects.filter(pk=pk), F("views") + 1
+    return upsert(request, pk)
+
+
 def noop(request: HttpRequest) -> HttpResponse:
     return HttpResponse(b"ok")
 
@@ -64,6 +74,7 @@ urlpatterns = [
     path("buffered/<int:pk>", buffered),
     path("likes-incr/<int:pk>", likes_incr),
     path("upsert/<int:pk>", upsert),
+    path("orm-upsert/<int:pk>", orm_upsert),
     path("noop", noop),
     path("", include("django_site.urls")),
 ]

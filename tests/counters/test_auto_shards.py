@@ -144,6 +144,17 @@ def _report_writers(kit: shardkit.Kit, name: str, writers: int) -> None:
         kit.cache.add(key, writers, 60)
 
 
+def _growths() -> float:
+    """The growths this process's metrics counted (a kit records into prometheus_client's
+    default registry)."""
+    import prometheus_client
+
+    counted = prometheus_client.REGISTRY.get_sample_value(
+        "shardkit_shard_growths_total", {"kind": "sharded"}
+    )
+    return counted or 0.0
+
+
 def _logged_growths(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if "grew" in r.getMessage()]
 
@@ -159,12 +170,14 @@ def test_a_growth_is_logged_once_with_its_measure(
     with shardkit.connect(store_url, CACHE, prefix=PREFIX) as kit:
         counter = kit.sharded(name, shards="auto")
         counter.incr()
+        grown_before = _growths()
         _report_writers(kit, name, 3)
         with _row_held(store_url, name):
             end = time.monotonic() + 2.5 * WINDOW
             while time.monotonic() < end:
                 counter.incr()
         assert counter.shards == 4
+    assert _growths() == grown_before + 1  # counted in the metrics, once
     growths = _logged_growths(caplog)
     assert len(growths) == 1, growths
     # 3 writers reported by hand, and this process in one of the two seconds or not.
