@@ -308,6 +308,34 @@ def test_a_counting_update_runs_prepared_unless_behind_a_pooler(database: str) -
     assert views(video) == 3
 
 
+@pytest.mark.parametrize("database", ["postgres"], indirect=True)
+def test_a_counting_update_first_in_a_transaction_begins_it_as_psycopg_would(
+    database: str,
+) -> None:
+    """The transaction's first statement, run through libpq: the transaction is begun on
+    the server with the connection's settings, and the count rolls back with it."""
+    import psycopg
+
+    video = Video.objects.create(title="a")
+    connection = connections[database]
+    raw = connection.connection
+    raw.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    raw.read_only = False
+    try:
+        with transaction.atomic(using=database):
+            assert Video.objects.filter(pk=video.pk).update(views=F("views") + 2) == 1
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT current_setting('transaction_isolation')")
+                assert cursor.fetchone()[0] == "repeatable read"
+            assert views(video) == 2  # the same transaction's
+            transaction.set_rollback(True, using=database)
+    finally:
+        raw.isolation_level = raw.read_only = None
+    assert views(video) == 0
+    assert Video.objects.filter(pk=video.pk).update(views=F("views") + 1) == 1  # autocommit
+    assert views(video) == 1
+
+
 def test_a_counting_statement_is_seen_by_execute_wrappers_and_the_query_log(
     database: str,
 ) -> None:

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Generic, Literal, TypeVar
 
@@ -38,6 +39,7 @@ from shardkit.counters.sharded import held_ticket, take_ticket
 from shardkit.errors import ValidationError
 from shardkit.kit import Kit
 from shardkit.store.sql import unprepare_behind_pooler
+from shardkit.store.sql.dialect import LibpqStatement
 from shardkit.validation import check_delta, check_exists_ttl, check_interval, check_shards
 
 from .conf import database, kit
@@ -310,7 +312,7 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
             params = [prefix, ticket, prefix, created, delta, *selected]
         started = time.perf_counter()
         try:
-            names = [row[0] for row in _rows(connection, sql, params)]
+            names = _names(connection, sql, params, one=by_pk is not None)
         except DatabaseError as exc:
             raise store._error(exc, f"adding to {self.model._meta.label}.{count.name}") from exc
         seconds = time.perf_counter() - started
@@ -459,21 +461,23 @@ def _statement(alias: str, tables: tuple[str, str], model: type[models.Model], w
     return f"{into} SELECT {named}, %s %% COALESCE(({current}), %s), %s {found} {upsert}"
 
 
-def _rows(connection: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-    """The rows of the counting statement ``sql`` run on Django's ``connection``, in its
-    transaction. On PostgreSQL through psycopg 3, not behind a pooler, it runs prepared,
-    on a cursor of psycopg's own: the server plans it once per connection rather than on
-    every request, and Django's cursor wrapper is skipped — unless something watches
-    it (an execute wrapper, as instrumentation installs; the query log, with ``DEBUG``
-    or in a test's ``assertNumQueries``). Elsewhere (psycopg2, a pooler, other
-    databases) and then, it goes through Django's cursor."""
+def _names(connection: Any, sql: str, params: Sequence[Any], *, one: bool) -> list[str]:
+    """The names the counting statement ``sql`` returns, run on Django's ``connection`` in
+    its transaction. The statement of ``one`` object (parameters of ``int`` and ``str``), on
+    PostgreSQL through psycopg 3, runs through libpq directly (``LibpqStatement``), as
+    psycopg would run it (a transaction Django has begun is begun on the server first),
+    prepared where psycopg never deallocates it (not behind a pooler; in a transaction,
+    only while psycopg prepares nothing of its own): the server plans it once per
+    connection, and neither Django's cursor wrapper nor psycopg's cursor is paid —
+    unless something watches Django's cursors (an execute wrapper, as instrumentation
+    installs; the query log, with ``DEBUG`` or in a test's ``assertNumQueries``).
+    Otherwise it goes through Django's cursor."""
     watched = connection.execute_wrappers or connection.queries_logged
-    if watched or not _psycopg(connection):
+    simple = all(type(param) in (int, str) for param in params)
+    if watched or not one or not simple or not _psycopg(connection):
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
-            return list(cursor.fetchall())
-    import psycopg
-
+            return [row[0] for row in cursor.fetchall()]
     connection.ensure_connection()
     connection.validate_no_broken_transaction()  # as Django's cursor would
     raw = connection.connection
@@ -481,22 +485,55 @@ def _rows(connection: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, .
         prepare = _prepares.get(raw)
         if prepare is None:  # opened before the app was ready, or on another alias
             prepare = _may_prepare(raw)
-        cursor = psycopg.Cursor(raw)
-        # Django turns psycopg's preparing off for every statement (prepare_threshold
-        # None, in case of a pooler): on for this one, where there is none.
-        threshold = raw.prepare_threshold
-        if prepare and threshold is None:
-            raw.prepare_threshold = _PREPARE_AT_ONCE
-        try:
-            cursor.execute(sql, params, prepare=prepare)
-        finally:
-            raw.prepare_threshold = threshold
-        return cursor.fetchall()
+        if not raw.autocommit:
+            prepare = prepare and raw.prepare_threshold is None
+            if raw.pgconn.transaction_status == _IDLE:
+                _begin(raw)
+        runners = _runners.setdefault(raw, {})
+        run = runners.get((sql, prepare))
+        if run is None:
+            run = runners[sql, prepare] = _runner(raw, sql, prepare)
+        return run(params)
 
 
-_PREPARE_AT_ONCE = 0  # psycopg's threshold: prepared on the first execution
-# Whether each psycopg connection may prepare statements (False behind a pooler).
+def _runner(raw: Any, sql: str, prepare: bool) -> _Names:
+    """A function running the counting statement ``sql`` (``%s`` parameters) on psycopg's
+    connection ``raw`` through libpq; it returns the names the statement returns."""
+    numbers = iter(range(1, sql.count("%s") + 1))
+    text = re.sub(r"%s|%%", lambda m: "%" if m[0] == "%%" else f"${next(numbers)}", sql)
+    run = LibpqStatement(text).on(raw, prepare=prepare, now=True)
+    encoding: str = raw.info.encoding
+
+    def names(params: Sequence[Any]) -> list[str]:
+        result = run(params)
+        return [result.get_value(row, 0).decode(encoding) for row in range(result.ntuples)]
+
+    return names
+
+
+def _begin(raw: Any) -> None:
+    """Begin psycopg's connection ``raw``'s transaction on the server, as psycopg does
+    before its first statement in one: ``BEGIN`` with the connection's isolation level,
+    read-only and deferrable settings."""
+    from psycopg import IsolationLevel
+
+    parts = ["BEGIN"]
+    if raw.isolation_level is not None:
+        level = IsolationLevel(raw.isolation_level).name.replace("_", " ")
+        parts.append(f"ISOLATION LEVEL {level}")
+    if raw.read_only is not None:
+        parts.append("READ ONLY" if raw.read_only else "READ WRITE")
+    if raw.deferrable is not None:
+        parts.append("DEFERRABLE" if raw.deferrable else "NOT DEFERRABLE")
+    LibpqStatement(" ".join(parts)).on(raw, prepare=False)([])
+
+
+_Names = Callable[[Sequence[Any]], list[str]]
+_IDLE = 0  # libpq's PQTRANS_IDLE: no transaction begun on the server
+# Whether each psycopg connection may prepare statements (False behind a pooler), and
+# its counting statements' runners, by SQL and whether prepared.
 _prepares: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+_runners: weakref.WeakKeyDictionary[Any, dict[tuple[str, bool], Any]] = weakref.WeakKeyDictionary()
 
 
 def _may_prepare(raw: Any) -> bool:

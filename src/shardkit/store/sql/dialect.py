@@ -1,6 +1,7 @@
 """How SQL differs between the databases: the type of names and keys, the upserts and
 the other statements whose SQL differs (``Dialect``), and a statement compiled once to
-run on a raw DB-API connection (``Compiled``)."""
+run on a raw DB-API connection (``Compiled``), and one run on psycopg's libpq connection
+directly (``LibpqStatement``)."""
 
 from __future__ import annotations
 
@@ -136,6 +137,65 @@ def greatest_of(existing: Any, incoming: Any) -> Any:
     return sa.case((incoming > existing, incoming), else_=existing)
 
 
+class LibpqStatement:
+    """A statement run on a psycopg 3 connection through libpq directly, skipping the
+    cursor machinery (two thirds of the client's CPU per statement): ``$n``
+    parameters, each an ``int`` or a ``str``. Prepared, it runs under a name derived from
+    its text (so another statement never takes the name), prepared when the session
+    turns out not to have it: on first use, and after a ``DEALLOCATE ALL``, which psycopg
+    runs when it rolls back a transaction after preparing statements of its own (the
+    failed call ran nothing: it is repeated; in a transaction, the failure aborts it).
+    The caller owns the connection's state: its transaction, and no pipeline."""
+
+    def __init__(self, sql: str) -> None:
+        self.sql = sql
+
+    def on(
+        self, conn: Any, *, prepare: bool, now: bool = False
+    ) -> Callable[[Sequence[int | str]], Any]:
+        """A function that runs the statement on ``conn`` (prepared, or sent whole) and
+        returns its libpq result, raising psycopg's error for a failed one; to keep with
+        the connection. With ``now``, the statement is prepared at once (one round trip),
+        so that no run in a transaction finds it missing."""
+        from psycopg import errors, pq
+
+        encoding: str = conn.info.encoding
+        sql = self.sql.encode(encoding)
+        name = b"shardkit_" + hashlib.sha1(sql).hexdigest()[:16].encode()
+        pgconn = conn.pgconn
+        done = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
+        sqlstate = pq.DiagnosticField.SQLSTATE
+
+        def check(result: Any) -> Any:
+            if result.status not in done:
+                raise errors.error_from_result(result, encoding=encoding)
+            return result
+
+        def text(values: Sequence[int | str]) -> list[bytes]:
+            return [
+                value.encode(encoding) if isinstance(value, str) else b"%d" % value
+                for value in values
+            ]
+
+        if not prepare:
+            return lambda values: check(pgconn.exec_params(sql, text(values)))
+        if now:
+            check(pgconn.prepare(name, sql))
+
+        def run(values: Sequence[int | str]) -> Any:
+            params = text(values)
+            result = pgconn.exec_prepared(name, params)
+            if result.error_field(sqlstate) == _MISSING:
+                check(pgconn.prepare(name, sql))
+                result = pgconn.exec_prepared(name, params)
+            return check(result)
+
+        return run
+
+
+_MISSING = b"26000"  # invalid_sql_statement_name: not prepared in this session
+
+
 class Compiled:
     """A statement compiled once, run on a raw DB-API connection with minimal overhead.
     Its parameters are given by name (its bind parameters'), those with values of their
@@ -187,13 +247,9 @@ class Compiled:
         return lambda values: cursor.execute(sql, params(values))
 
     def _libpq_runner(self, conn: Any) -> Callable[[Mapping[str, Any]], object]:
-        """psycopg: call libpq directly, skipping the cursor machinery (a third of the
-        client's CPU per write). On a direct connection the statement runs prepared, under
-        a name derived from its text; through a transaction pooler (``prepare_threshold``
-        None, see ``_detect_pooler``) it is sent whole each time, as an unnamed statement."""
-        from psycopg import errors, pq
-
-        encoding: str = conn.info.encoding
+        """psycopg: a ``LibpqStatement``, prepared on a direct connection, sent whole
+        through a transaction pooler (``prepare_threshold`` None, see
+        ``_detect_pooler``)."""
         names: list[str] = []
 
         def placeholder(match: re.Match[str]) -> str:
@@ -202,40 +258,15 @@ class Compiled:
             names.append(match.group(1))
             return f"${len(names)}"
 
-        sql = re.sub(r"%\((\w+)\)s|%%", placeholder, self.sql).encode(encoding)
-        pgconn = conn.pgconn
-        done = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
+        statement = LibpqStatement(re.sub(r"%\((\w+)\)s|%%", placeholder, self.sql))
+        run = statement.on(conn, prepare=conn.prepare_threshold is not None)
+        params = self.params
 
-        def check(result: Any) -> None:
-            if result.status not in done:
-                raise errors.error_from_result(result, encoding=encoding)
+        def ordered(values: Mapping[str, Any]) -> None:
+            given = params(values)
+            run([given[name] for name in names])
 
-        def text(values: Mapping[str, Any]) -> list[bytes]:
-            given = self.params(values)
-            return [
-                value.encode(encoding) if isinstance(value, str) else b"%d" % value
-                for value in (given[name] for name in names)
-            ]
-
-        if conn.prepare_threshold is None:
-            return lambda values: check(pgconn.exec_params(sql, text(values)))
-        # Prepared when the session turns out not to have it: on first use, and after a
-        # DEALLOCATE ALL, which psycopg runs when it rolls back a transaction after
-        # preparing statements of its own. The failed call ran nothing: it is repeated.
-        # (Named by the text, so another store's statement never takes the name.)
-        name = b"shardkit_" + hashlib.sha1(sql).hexdigest()[:16].encode()
-        sqlstate = pq.DiagnosticField.SQLSTATE
-        missing = b"26000"  # invalid_sql_statement_name
-
-        def run(values: Mapping[str, Any]) -> None:
-            params = text(values)
-            result = pgconn.exec_prepared(name, params)
-            if result.error_field(sqlstate) == missing:
-                check(pgconn.prepare(name, sql))
-                result = pgconn.exec_prepared(name, params)
-            check(result)
-
-        return run
+        return ordered
 
 
-__all__ = ["Compiled", "Dialect", "Text", "added", "greatest_of"]
+__all__ = ["Compiled", "Dialect", "LibpqStatement", "Text", "added", "greatest_of"]
