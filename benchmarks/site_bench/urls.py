@@ -6,7 +6,8 @@ Each answers ``ok`` after its update: ``/column/<pk>`` on a plain column,
 read); ``/upsert/<pk>``, the sharded count's one statement written by hand (a row per
 thread, raw SQL on Django's connection): its ceiling; ``/orm-upsert/<pk>``, the same
 after building the queryset and expression of the sharded count's line, as Django does
-before any count's code runs; and ``/noop``, the framework's ceiling. The site's own
+before any count's code runs (``/orm-incr/<pk>``: the buffered line's, then the trusted-key
+``incr()``); and ``/noop``, the framework's ceiling. The site's own
 pages stay as they are.
 """
 
@@ -64,6 +65,12 @@ def orm_upsert(request: HttpRequest, pk: int) -> HttpResponse:
     return upsert(request, pk)
 
 
+def orm_incr(request: HttpRequest, pk: int) -> HttpResponse:
+    """The same for the buffered count's line, then its trusted-key ``incr()``."""
+    _ = Video.objects.filter(pk=pk), F("likes") + 1
+    return likes_incr(request, pk)
+
+
 def noop(request: HttpRequest) -> HttpResponse:
     return HttpResponse(b"ok")
 
@@ -75,6 +82,7 @@ urlpatterns = [
     path("likes-incr/<int:pk>", likes_incr),
     path("upsert/<int:pk>", upsert),
     path("orm-upsert/<int:pk>", orm_upsert),
+    path("orm-incr/<int:pk>", orm_incr),
     path("noop", noop),
     path("", include("django_site.urls")),
 ]
