@@ -533,7 +533,9 @@ _IDLE = 0  # libpq's PQTRANS_IDLE: no transaction begun on the server
 # Whether each psycopg connection may prepare statements (False behind a pooler), and
 # its counting statements' runners, by SQL and whether prepared.
 _prepares: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-_runners: weakref.WeakKeyDictionary[Any, dict[tuple[str, bool], Any]] = weakref.WeakKeyDictionary()
+_runners: weakref.WeakKeyDictionary[Any, dict[tuple[str, bool], _Names]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _may_prepare(raw: Any) -> bool:

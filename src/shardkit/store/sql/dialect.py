@@ -139,13 +139,13 @@ def greatest_of(existing: Any, incoming: Any) -> Any:
 
 class LibpqStatement:
     """A statement run on a psycopg 3 connection through libpq directly, skipping the
-    cursor machinery (two thirds of the client's CPU per statement): ``$n``
-    parameters, each an ``int`` or a ``str``. Prepared, it runs under a name derived from
-    its text (so another statement never takes the name), prepared when the session
-    turns out not to have it: on first use, and after a ``DEALLOCATE ALL``, which psycopg
-    runs when it rolls back a transaction after preparing statements of its own (the
-    failed call ran nothing: it is repeated; in a transaction, the failure aborts it).
-    The caller owns the connection's state: its transaction, and no pipeline."""
+    cursor machinery and its CPU: ``$n`` parameters, each an ``int`` or a ``str``.
+    Prepared, it runs under a name derived from its text (so another statement never
+    takes the name), prepared when the session turns out not to have it: on first use,
+    and after a ``DEALLOCATE ALL``, which psycopg runs when it rolls back a transaction
+    after preparing statements of its own (the failed call ran nothing: it is repeated;
+    in a transaction, the failure aborts it). The caller owns the connection's state:
+    its transaction, and no pipeline."""
 
     def __init__(self, sql: str) -> None:
         self.sql = sql
@@ -161,7 +161,6 @@ class LibpqStatement:
 
         encoding: str = conn.info.encoding
         sql = self.sql.encode(encoding)
-        name = b"shardkit_" + hashlib.sha1(sql).hexdigest()[:16].encode()
         pgconn = conn.pgconn
         done = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
         sqlstate = pq.DiagnosticField.SQLSTATE
@@ -179,6 +178,7 @@ class LibpqStatement:
 
         if not prepare:
             return lambda values: check(pgconn.exec_params(sql, text(values)))
+        name = b"shardkit_" + hashlib.sha1(sql).hexdigest()[:16].encode()
         if now:
             check(pgconn.prepare(name, sql))
 
