@@ -144,9 +144,8 @@ def _arm(conn: Any) -> None:
     ``conn`` (a page's function and its checkpoint run in one thread, on one connection):
     through psycopg's cursors, which also run the statements SQLAlchemy does not (the
     checkpoint of a page that keeps its range pending), else through SQLAlchemy's event."""
-    dbapi_connection = conn.connection.dbapi_connection
     if conn.dialect.driver == "psycopg":
-        dbapi_connection.cursor_factory = _striking_cursor()
+        conn.connection.dbapi_connection.cursor_factory = _striking_cursor()
     else:
         _listen(conn.engine)
 

@@ -473,8 +473,8 @@ def _names(connection: Any, sql: str, params: Sequence[Any], *, one: bool) -> li
     installs; the query log, with ``DEBUG`` or in a test's ``assertNumQueries``).
     Otherwise it goes through Django's cursor."""
     watched = connection.execute_wrappers or connection.queries_logged
-    simple = all(type(param) in (int, str) for param in params)
-    if watched or not one or not simple or not _psycopg(connection):
+    simple = one and all(type(param) in (int, str) for param in params)
+    if watched or not simple or not _psycopg(connection):
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             return [row[0] for row in cursor.fetchall()]
@@ -489,7 +489,9 @@ def _names(connection: Any, sql: str, params: Sequence[Any], *, one: bool) -> li
             prepare = prepare and raw.prepare_threshold is None
             if raw.pgconn.transaction_status == _IDLE:
                 _begin(raw)
-        runners = _runners.setdefault(raw, {})
+        runners = _runners.get(raw)
+        if runners is None:
+            runners = _runners[raw] = {}
         run = runners.get((sql, prepare))
         if run is None:
             run = runners[sql, prepare] = _runner(raw, sql, prepare)
