@@ -45,6 +45,24 @@ def test_a_counting_update_moves_the_counter_of_each_matched_object(database: st
     assert Video.objects.filter(pk=-1).update(views=F("views") + 1) == 0
 
 
+def test_a_filter_by_key_is_checked_at_once_and_matches_as_djangos(database: str) -> None:
+    a, b = Video.objects.create(title="a"), Video.objects.create(title="b")
+    with pytest.raises(ValueError, match="expected a number"):
+        Video.objects.filter(pk="one")  # refused by the call, as Django refuses it
+    by_key = Video.objects.filter(pk=str(a.pk))
+    assert str(by_key.query) == str(models.QuerySet(Video).filter(pk=a.pk).query)
+    assert list(by_key) == [a]
+    assert (by_key.filter(title="b").exists(), by_key.exclude(title="b").count()) == (False, 1)
+    assert list(Video.objects.filter(id__exact=b.pk).values_list("title", flat=True)) == ["b"]
+    with pytest.raises(TypeError, match="slice"):
+        Video.objects.filter(pk=a.pk)[:1].update(views=F("views") + 1)
+    assert Video.objects.filter(pk=a.pk).filter(pk=b.pk).update(views=F("views") + 1) == 0
+    assert Video.objects.filter(title="b").filter(pk=a.pk).update(views=F("views") + 1) == 0
+    assert Video.objects.distinct().filter(pk=a.pk).update(views=F("views") + 1) == 1
+    assert by_key.update(views=F("views") + 2) == 1
+    assert (views(a), views(b)) == (3, 0)
+
+
 def test_other_fields_update_in_the_same_call(database: str) -> None:
     a, b = Video.objects.create(title="a"), Video.objects.create(title="b")
     matched = Video.objects.filter(pk=a.pk).update(title="renamed", views=F("views") + 1)

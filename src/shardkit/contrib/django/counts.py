@@ -223,6 +223,15 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
         clone._count_fields = self._count_fields
         return clone
 
+    def filter(self, *args: Any, **kwargs: Any) -> CountingQuerySet[_M]:
+        """Django's ``filter``. A filter on the primary key being one value (checked now,
+        as Django checks it) is added to the query when the query is first needed, as
+        Django's related managers add theirs: a counting update by key never builds it."""
+        if _pk_filter(self.model, args, kwargs) is not None:
+            self._defer_next_filter = True
+        filtered: CountingQuerySet[_M] = super().filter(*args, **kwargs)
+        return filtered
+
     def update(self, **kwargs: Any) -> int:
         """Django's ``update``, where a count may be set to ``F(count) + n`` or
         ``F(count) - n`` only: each matched object's counter moves by ``n`` in the same
@@ -242,7 +251,7 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
             return super().update(**kwargs)
         # Deliberately alike in shape to QuerySetSource's checks, with the errors of an
         # update (Django's own for a slice).
-        if self.query.is_sliced:
+        if self._pending()[0].is_sliced:  # a slice adds any filter not yet added
             raise TypeError("Cannot update a query once a slice has been taken.")
         if self.db != database():
             raise NotACountingUpdate(
@@ -252,7 +261,7 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
         found_by = None  # the sharded count whose statement finds the objects
         if isinstance(self.model._meta.pk, models.IntegerField):
             found_by = next((name for name in deltas if not counts[name].buffered), None)
-        by_pk = _by_pk(self.query)
+        by_pk = self._by_pk()
         writes = sum(not counts[name].buffered for name in deltas) + bool(kwargs)
         # One statement or none that writes: no transaction of its own around it.
         single = writes == 0 or (writes == 1 and (found_by or by_pk) is not None)
@@ -275,6 +284,25 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
                     for pk in pks:
                         counts[name].add(self.model, pk, delta)
         return len(pks)
+
+    def _by_pk(self) -> tuple[Any] | None:
+        """``(pk,)`` when this queryset filters on its model's primary key being one value
+        and on nothing else, so that an update's row count says whether that object
+        matched: read from the filter not yet added to the query, if it is that one."""
+        query, deferred = self._pending()
+        if (
+            deferred is not None
+            and not deferred[0]
+            and not (query.where.children or query.distinct)
+        ):
+            return _pk_filter(self.model, deferred[1], deferred[2])
+        return _by_pk(self.query)
+
+    def _pending(self) -> tuple[Any, tuple[bool, Sequence[Any], dict[str, Any]] | None]:
+        """The query as it stands and the filter Django has not added to it yet (``negate,
+        args, kwargs``): attributes of Django's queryset that its stubs do not declare."""
+        state = vars(self)
+        return state["_query"], state["_deferred_filter"]
 
     def _base(self) -> models.QuerySet[_M]:
         """The model's plain queryset on this one's database, for the other fields."""
@@ -572,6 +600,23 @@ def _by_pk(query: Any) -> tuple[Any] | None:
     if target.model is not query.model or hasattr(lookup.rhs, "resolve_expression"):
         return None
     return (lookup.rhs,)
+
+
+def _pk_filter(
+    model: type[models.Model], args: Sequence[Any], kwargs: dict[str, Any]
+) -> tuple[Any] | None:
+    """``(pk,)`` when ``filter(*args, **kwargs)`` asks for ``model``'s primary key (not a
+    relation) to be the one value ``pk``, prepared as Django prepares it (its error for a
+    value the field refuses)."""
+    pk = model._meta.pk
+    if args or len(kwargs) != 1 or pk.is_relation:
+        return None
+    ((lookup, value),) = kwargs.items()
+    if lookup.removesuffix("__exact") not in ("pk", pk.attname):
+        return None
+    if value is None or hasattr(value, "resolve_expression") or isinstance(value, models.Model):
+        return None
+    return (pk.get_prep_value(value),)
 
 
 class Sightings:
