@@ -111,6 +111,12 @@ class KitCore(Generic[_S, _B, _M, _I]):
                 self._counters.popitem(last=False)
         return counter
 
+    def held(self, name: str) -> _S | _B | _M | _I | None:
+        """The counter ``name`` if this kit holds it open (opened lately), else None:
+        no round trip."""
+        with self._lock:
+            return self._counters.get(name)
+
     @rule
     def sharded(self, name: str, shards: int | Literal["auto"] | None = "auto") -> Program[_S]:
         """The sharded counter ``name``. By default (``shards="auto"``, or None) it is

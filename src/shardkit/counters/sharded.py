@@ -135,9 +135,7 @@ class ShardedCore(CounterCore):
         ticket = held_ticket(self._local)
         if ticket is None:
             ticket = yield from take_ticket(self._options, self._ticket_key, self._local)
-        if self._look_due(_SHARDS_REFRESH):
-            yield from self._refresh_shards()
-        shard = ticket % self._shards
+        shard = ticket % (yield from ShardedCore.writing_shards.program(self))
         sized = self._sizing is not None  # an automatic counter times its writes
         started = time.perf_counter() if sized else 0.0
         applied = yield from call(Store.add_many, self.name, shard, writes)
@@ -147,6 +145,15 @@ class ShardedCore(CounterCore):
         if moved:
             yield from call(Adjusting.add, self._value_key, moved)
         return list(applied)
+
+    @rule
+    def writing_shards(self) -> Program[int]:
+        """The shard count this process's writers write within: the one it holds, read
+        again from the store once it is ``_SHARDS_REFRESH`` seconds old (the bound within
+        which a growth made elsewhere is taken up)."""
+        if self._look_due(_SHARDS_REFRESH):
+            yield from self._refresh_shards()
+        return self._shards
 
     @rule
     def wrote(self, seconds: float) -> Program[None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from executors import HeldExecutor
 from shardkit.contrib.django import CountingQuerySet, NotACountingUpdate, ShardedCount, counts, kit
 from shardkit.contrib.django.counts import DEFAULT_EXISTS_TTL, check_managers
 from shardkit.contrib.django.store import DjangoStore
+from shardkit.counters import sharded
 from shardkit.counters.sizing import LOOKBACK, WINDOW
 from shardkit.errors import InvalidDelta, InvalidShardCount, ValidationError
 from traces import statements_run
@@ -207,6 +209,24 @@ def test_a_count_sizes_each_objects_counter_and_writes_within_its_current_shards
     for bad in ("many", 0, 2.5, True):
         with pytest.raises(InvalidShardCount):
             ShardedCount(shards=bad)  # type: ignore[arg-type]
+
+
+def test_a_counting_update_writes_within_the_shards_its_process_holds(
+    database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object's counter this process holds open gives the statement its shards: a
+    growth made elsewhere is taken up when they are read again, as ``incr()`` takes it."""
+    monkeypatch.setattr(counts._tickets, "ticket", (os.getpid(), 5), raising=False)
+    video = Video.objects.create(title="a")
+    assert Video.objects.filter(pk=video.pk).update(views=F("views") + 1) == 1  # opens it
+    name = video.views.counter.name
+    kit().store.open_counter(name, "sharded", 4)  # grown by another process
+    assert Video.objects.filter(pk=video.pk).update(views=F("views") + 2) == 1
+    assert shard_rows(name) == {0: 3}  # within the one shard it holds
+    monkeypatch.setattr(sharded, "_SHARDS_REFRESH", 0.0)  # as when they are 10 s old
+    assert Video.objects.filter(pk=video.pk).update(views=F("views") + 4) == 1
+    assert shard_rows(name) == {0: 3, 5 % 4: 4}
+    assert views(video) == 7
 
 
 @pytest.mark.parametrize("database", ["postgres"], indirect=True)

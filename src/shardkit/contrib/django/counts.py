@@ -317,7 +317,8 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
         their shard rows' locks in one order) and upserts a shard row of each; return
         their keys. Each counter's cached value is moved when the transaction commits.
         Filtered by its key alone (``by_pk``), the statement is made once per model and
-        count, not compiled from the queryset each time."""
+        count, not compiled from the queryset each time, and is given the shards of a
+        counter this process holds open (``writing_shards``) rather than reading them."""
         the_kit = kit()
         store = the_kit.store
         assert isinstance(store, DjangoStore)
@@ -331,7 +332,9 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
             sql = _statement(self.db, tables, self.model, "count one")
             name = count.counter_name(self.model, by_pk[0])
             pk = pk_field.get_db_prep_value(by_pk[0], connection)
-            params = [name, ticket, name, created, delta, pk]
+            held = the_kit.held(name)  # its shards known: not read by the statement
+            known = held.writing_shards() if isinstance(held, ShardedCounter) else 0
+            params = [name, ticket, known, name, created, delta, pk]
         else:
             matched = self.order_by("pk").values(shardkit_pk=models.F("pk"))
             select, selected = matched.query.get_compiler(self.db).as_sql()
@@ -464,7 +467,8 @@ def _statement(alias: str, tables: tuple[str, str], model: type[models.Model], w
     one`` upserts the shard row of an object given by key if it exists; ``count many``
     upserts one for each key of the subquery put in place of ``{select}``. Both write
     the shard a writer's ticket picks among the counter's current shards (those it is
-    created with, for a counter not created yet), and return the names written."""
+    created with, for a counter not created yet), and return the names written; ``count
+    one`` reads them only when not given (0: unknown)."""
     quote = connections[alias].ops.quote_name
     shards, counters = (quote(table) for table in tables)
     name, shard, value = (quote(column) for column in ("name", "shard", "value"))
@@ -486,7 +490,8 @@ def _statement(alias: str, tables: tuple[str, str], model: type[models.Model], w
     current = (
         f"SELECT {counters}.{quote('shards')} FROM {counters} WHERE {counters}.{name} = {named}"
     )
-    return f"{into} SELECT {named}, %s %% COALESCE(({current}), %s), %s {found} {upsert}"
+    known = "NULLIF(%s, 0), " if what == "count one" else ""
+    return f"{into} SELECT {named}, %s %% COALESCE({known}({current}), %s), %s {found} {upsert}"
 
 
 def _names(connection: Any, sql: str, params: Sequence[Any], *, one: bool) -> list[str]:
