@@ -36,6 +36,7 @@ import argparse
 import contextlib
 import os
 import shutil
+import statistics
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -255,7 +256,17 @@ def targets_line(cells: dict[tuple[bool, str], Cell], atomic: bool, modes: list[
         if mode in modes and hand in modes:
             got = cells[atomic, mode].rate / cells[atomic, hand].rate
             mark = "[green]✓[/]" if got >= TARGET else "[red]✗[/]"
-            parts.append(f"{mode} ÷ {hand} {got:.2f}x (target ≥ {TARGET:g}x) {mark}")
+            # Each round's ratio: the two ran in the same round, minutes apart at most.
+            rounds = [
+                rate / by_hand
+                for rate, by_hand in zip(
+                    cells[atomic, mode].rates, cells[atomic, hand].rates, strict=True
+                )
+            ]
+            parts.append(
+                f"{mode} ÷ {hand} {got:.2f}x (target ≥ {TARGET:g}x) {mark}, each round's "
+                f"{' '.join(f'{r:.2f}' for r in rounds)} (median {statistics.median(rounds):.2f}x)"
+            )
             after = AFTER_ORM[hand]
             if after in modes:
                 cap = cells[atomic, after].rate / cells[atomic, hand].rate
