@@ -234,8 +234,7 @@ class KitCore(Generic[_S, _B, _M, _I]):
         """The existing counter ``name``, of whatever kind it is; raises
         ``CounterNotFound`` if there is none."""
         check_name(name)
-        with self._lock:
-            held = self._counters.get(name)
+        held = self.held(name)
         if held is not None:
             return held
         info = yield from call(Store.counter, name)

@@ -286,9 +286,8 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
         return len(pks)
 
     def _by_pk(self) -> tuple[Any] | None:
-        """``(pk,)`` when this queryset filters on its model's primary key being one value
-        and on nothing else, so that an update's row count says whether that object
-        matched: read from the filter not yet added to the query, if it is that one."""
+        """``_pk_lookup`` of this queryset's query, read from the filter not yet added to
+        it when that is the query's one filter."""
         query, deferred = self._pending()
         if (
             deferred is not None
@@ -296,7 +295,7 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
             and not (query.where.children or query.distinct)
         ):
             return _pk_filter(self.model, deferred[1], deferred[2])
-        return _by_pk(self.query)
+        return _pk_lookup(self.query)
 
     def _pending(self) -> tuple[Any, tuple[bool, Sequence[Any], dict[str, Any]] | None]:
         """The query as it stands and the filter Django has not added to it yet (``negate,
@@ -592,7 +591,7 @@ def _psycopg(connection: Any) -> bool:
     return bool(connection.vendor == "postgresql" and connection.Database.__name__ == "psycopg")
 
 
-def _by_pk(query: Any) -> tuple[Any] | None:
+def _pk_lookup(query: Any) -> tuple[Any] | None:
     """``(pk,)`` when ``query`` filters on its model's primary key being one value and on
     nothing else, so that an update's row count says whether that object matched."""
     where = query.where
