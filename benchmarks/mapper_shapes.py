@@ -7,7 +7,7 @@ cut between ``min(id)`` and ``max(id)``, a keyset loop in a thread each), ``--re
 rounds with the modes taking turns, each mode's median round. Every shape's runs are
 checked as ``mapper.py`` checks them (every row +1, no other change). The table gives,
 per shape, both rates, their ratio (target ≥ 0.9x) and the ratio of this process's CPU
-seconds (target ≤ 1.15x), with the rounds' spread.
+seconds (target ≤ 1.15x), with the rounds' spread; a line per shape as it ends.
 
     python benchmarks/mapper_shapes.py                     # 3 x 3 x 2 x 2 shapes
     python benchmarks/mapper_shapes.py --page-sizes 100 --io-waits 0 --batches rows
@@ -80,6 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         speed = mapper.rate(ours, args) / mapper.rate(fixed, args)
         cpu = ours.cpu / fixed.cpu
         exact = exact and ours.exact and fixed.exact
+        console.print(
+            f"shape {number} of {len(shapes)}: page {page}, {workers} workers, "
+            f"{io_wait * 1e3:g} ms, batch.{batch}: {speed:.2f}x, CPU {cpu:.2f}x",
+            highlight=False,
+        )
         table.add_row(
             str(page),
             str(workers),
