@@ -251,7 +251,8 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
             return super().update(**kwargs)
         # Deliberately alike in shape to QuerySetSource's checks, with the errors of an
         # update (Django's own for a slice).
-        if self._pending()[0].is_sliced:  # a slice adds any filter not yet added
+        query, deferred = self._pending()
+        if query.is_sliced:  # a slice adds any filter not yet added
             raise TypeError("Cannot update a query once a slice has been taken.")
         if self.db != database():
             raise NotACountingUpdate(
@@ -261,7 +262,7 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
         found_by = None  # the sharded count whose statement finds the objects
         if isinstance(self.model._meta.pk, models.IntegerField):
             found_by = next((name for name in deltas if not counts[name].buffered), None)
-        by_pk = self._by_pk()
+        by_pk = self._by_pk(query, deferred)
         writes = sum(not counts[name].buffered for name in deltas) + bool(kwargs)
         # One statement or none that writes: no transaction of its own around it.
         single = writes == 0 or (writes == 1 and (found_by or by_pk) is not None)
@@ -285,10 +286,11 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
                         counts[name].add(self.model, pk, delta)
         return len(pks)
 
-    def _by_pk(self) -> tuple[Any] | None:
+    def _by_pk(
+        self, query: Any, deferred: tuple[bool, Sequence[Any], dict[str, Any]] | None
+    ) -> tuple[Any] | None:
         """``_pk_lookup`` of this queryset's query, read from the filter not yet added to
-        it when that is the query's one filter."""
-        query, deferred = self._pending()
+        it (``_pending()``) when that is the query's one filter."""
         if (
             deferred is not None
             and not deferred[0]
