@@ -27,6 +27,7 @@ import shardkit
 from backends import PREFIX, STORE_URLS, Target, require, wait_for
 from executors import HeldExecutor
 from shardkit.errors import (
+    BackendError,
     ConfigurationError,
     JobFailed,
     JobNotFound,
@@ -70,7 +71,7 @@ class Tables:
         self.engine = engine
         self.metadata = sa.MetaData()
 
-    def create(self, what: str, *columns: sa.Column[Any]) -> sa.Table:
+    def create(self, what: str, *columns: sa.schema.SchemaItem) -> sa.Table:
         table = sa.Table(f"{PREFIX}{what}_{uuid4().hex[:8]}", self.metadata, *columns)
         table.create(self.engine)
         return table
@@ -933,6 +934,37 @@ def test_a_page_whose_checkpoint_moved_on_is_rolled_back_with_fn(
 
     assert values(kit, table) == {k: v + 10 if k <= 20 else v for k, v in initial.items()}
     assert job_row(kit, job, root)[:2] == ("20", 20)
+
+
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)  # a check deferred to COMMIT
+def test_a_page_whose_commit_fails_keeps_neither_fns_writes_nor_its_checkpoint(
+    kit: shardkit.Kit, tables: Tables
+) -> None:
+    """A transactional page whose COMMIT fails (here on a constraint checked only then)
+    raises the database's error, and neither fn's writes nor its checkpoint are kept."""
+    table, initial = key_table(tables, "sequential", 100)
+    marks = tables.create(
+        "marks",
+        sa.Column("n", sa.Integer),
+        sa.UniqueConstraint("n", deferrable=True, initially="DEFERRED"),
+    )
+    add = add_ten(table)
+
+    def fn(batch: Batch) -> None:
+        add(batch)
+        batch.conn.execute(marks.insert(), [{"n": 1}, {"n": 1}])  # refused at COMMIT
+
+    spec = MapSpec(TableSource(table, "k"), fn, None, 10, 1, True, 0)
+    mapper, job = kit.mapper, f"refused-{uuid4().hex[:8]}"
+    assert mapper.ledger.create(job, spec.dumps(None)[0])
+    mapper._hold(job, spec)
+    root = KeyRange().id(job)
+    with pytest.raises(BackendError, match="duplicate key"):
+        mapper._step(job, root, spec, None)
+    assert values(kit, table) == initial
+    assert job_row(kit, job, root) == (None, 0, 0)
+    with sql_store(kit).engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(marks)).scalar_one() == 0
 
 
 def round_trips(engine: sa.Engine, action: Callable[[], object], path: Path) -> list[list[str]]:
