@@ -967,6 +967,49 @@ def test_a_page_whose_commit_fails_keeps_neither_fns_writes_nor_its_checkpoint(
         assert conn.execute(sa.select(sa.func.count()).select_from(marks)).scalar_one() == 0
 
 
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)  # prepared statements
+def test_a_page_whose_checkpoint_the_session_forgot_is_visited_again(
+    kit: shardkit.Kit, tables: Tables
+) -> None:
+    """A page's checkpoint runs as a statement prepared in the session. If the session
+    loses it (``DEALLOCATE ALL``, which psycopg runs when it rolls back after preparing
+    statements of its own), the page rolls back with fn's writes and is visited again,
+    the statement prepared again: each row once."""
+    table, initial = key_table(tables, "sequential", 100)
+    add = add_ten(table)
+    mapper, job = kit.mapper, f"forgot-{uuid4().hex[:8]}"
+    checkpoint = (mapper.ledger._direct[False, True], "run")  # a page's after the first
+    firsts: list[Any] = []
+    forgot: list[Any] = []
+
+    def fn(batch: Batch) -> None:
+        firsts.append(batch.rows[0]["k"])
+        add(batch)
+        if not forgot and checkpoint in batch.conn.info:  # prepared in this session
+            forgot.append(firsts[-1])
+            batch.conn.exec_driver_sql("DEALLOCATE ALL")
+
+    spec = MapSpec(TableSource(table, "k"), fn, None, 10, 1, True, 0)
+    assert mapper.ledger.create(job, spec.dumps(None)[0])
+    mapper._hold(job, spec)
+    root = KeyRange().id(job)
+    row, rolled_back = None, 0
+    for _ in range(20):  # as run_range steps: from the ledger again after a rollback
+        step = mapper._step(job, root, spec, row)
+        rolled_back += step is None
+        if step is not None and step.state != "pending":
+            break
+        row = None if step is None else step.row
+    assert step is not None
+    assert step.state == "done"
+    assert rolled_back == 1
+    assert len(forgot) == 1
+    assert firsts == sorted(firsts)
+    assert [k for k in firsts if firsts.count(k) > 1] == [forgot[0]] * 2
+    assert values(kit, table) == plus(initial, 10)
+    assert job_row(kit, job, root)[1] == 100
+
+
 def round_trips(engine: sa.Engine, action: Callable[[], object], path: Path) -> list[list[str]]:
     """The round trips to PostgreSQL that ``action`` makes on connections it checks out of
     ``engine``: in each, the first word of every statement sent (libpq's trace, unprepared

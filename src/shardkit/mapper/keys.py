@@ -56,9 +56,12 @@ def decode_key(value: Any) -> Key | None:
     return value  # type: ignore[no-any-return]
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"))  # json.dumps's, made once
+
+
 def dump_key(key: Key | None) -> str | None:
     """``key`` as JSON text, or None for an unbounded side."""
-    return None if key is None else json.dumps(encode_key(key), separators=(",", ":"))
+    return None if key is None else _COMPACT.encode(encode_key(key))
 
 
 def load_key(text: str | None) -> Key | None:

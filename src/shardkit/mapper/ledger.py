@@ -172,7 +172,7 @@ class RangeLedger:
             for shape in itertools.product((False, True), (False, True), (STAY, SPLIT, LAST))
         }
         # A page's checkpoint that keeps its range pending, on PostgreSQL through psycopg
-        # (not Django's: its transactions are its caller's): run on the driver's cursor.
+        # (not Django's: its transactions are its caller's): run through libpq.
         self._direct = {
             (fresh, count_page): Compiled(
                 self._checkpoints[fresh, count_page, STAY], store.engine.dialect
@@ -370,7 +370,10 @@ class RangeLedger:
         range of the job that no other transaction holds, if there is one: its next run
         waits for this transaction to commit, so it finishes after it (SQLite, with one
         writer at a time, needs no lock). Returns the children's ids and whether another
-        range is held; None if another run got there first, or the job stopped."""
+        range is held; None if another run got there first, or the job stopped, or (a
+        checkpoint run through libpq) the session had lost its prepared statement: in a
+        transaction, the transaction is then to be rolled back and the page visited
+        again."""
         end = STAY if children is None else SPLIT if children else LAST
         params = _checkpoint_params(job, row, after, rows)
         direct = self._direct.get((row.after is None, count_page)) if end == STAY else None

@@ -5,10 +5,12 @@ directly (``LibpqStatement``)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
+import itertools
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -171,10 +173,7 @@ class LibpqStatement:
             return result
 
         def text(values: Sequence[int | str]) -> list[bytes]:
-            return [
-                value.encode(encoding) if isinstance(value, str) else b"%d" % value
-                for value in values
-            ]
+            return _text(values, encoding)
 
         if not prepare:
             return lambda values: check(pgconn.exec_params(sql, text(values)))
@@ -192,8 +191,53 @@ class LibpqStatement:
 
         return run
 
+    def redoable(self, conn: Any) -> Callable[[Sequence[int | str]], Any | None]:
+        """A function that runs the statement on ``conn``, prepared under a name of its
+        own (at its first run: one round trip more), and returns its libpq result,
+        raising psycopg's error for a failed one. If the session lost the statement
+        (a ``DEALLOCATE ALL``) it is prepared and run again, except in a transaction,
+        which the failure aborted: then it returns None, for the transaction to be
+        rolled back and run again (the statement is prepared first). To keep with the
+        connection."""
+        from psycopg import errors, pq
+
+        encoding: str = conn.info.encoding
+        sql = self.sql.encode(encoding)
+        pgconn = conn.pgconn
+        done = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
+        sqlstate, failed = pq.DiagnosticField.SQLSTATE, pq.TransactionStatus.INERROR
+        name = b"shardkit_redoable_%d" % next(_redoable_names)
+        missing = True
+
+        def check(result: Any) -> Any:
+            if result.status not in done:
+                raise errors.error_from_result(result, encoding=encoding)
+            return result
+
+        def run(values: Sequence[int | str]) -> Any | None:
+            nonlocal missing
+            if missing:
+                check(pgconn.prepare(name, sql))
+                missing = False
+            params = _text(values, encoding)
+            result = pgconn.exec_prepared(name, params)
+            if result.error_field(sqlstate) != _MISSING:
+                return check(result)
+            missing = True
+            if pgconn.transaction_status == failed:
+                return None
+            return run(values)
+
+        return run
+
+
+def _text(values: Sequence[int | str], encoding: str) -> list[bytes]:
+    """libpq's text parameters of ``values``."""
+    return [value.encode(encoding) if isinstance(value, str) else b"%d" % value for value in values]
+
 
 _MISSING = b"26000"  # invalid_sql_statement_name: not prepared in this session
+_redoable_names = itertools.count()  # each redoable statement's own prepared name
 
 
 class Compiled:
@@ -218,16 +262,38 @@ class Compiled:
             return given
         return tuple(given[key] for key in self.order)
 
-    def run(self, conn: Connection, values: Mapping[str, Any]) -> int:
-        """Run the statement in ``conn``'s transaction, on its DB-API cursor (no
-        SQLAlchemy execution around it; psycopg prepares it once it repeats); return its
-        row count. The driver's errors raise as SQLAlchemy's ``DBAPIError``, a lost
-        connection invalidated as SQLAlchemy would."""
-        dbapi = conn.dialect.loaded_dbapi
-        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    def run(self, conn: Connection, values: Mapping[str, Any]) -> int | None:
+        """Run the statement in ``conn``'s transaction (or autocommitted) with no
+        SQLAlchemy execution around it and return its row count: psycopg's through
+        libpq (``LibpqStatement.redoable``, kept with the DB-API connection; sent whole
+        through a transaction pooler), None when the session had lost the prepared
+        statement within a transaction, which is then to be rolled back and run again;
+        other drivers' on a cursor of the DB-API connection. The driver's errors raise
+        as SQLAlchemy's ``DBAPIError``, a lost connection invalidated as SQLAlchemy
+        would."""
+        dbapi_connection: Any = conn.connection.dbapi_connection
+        if self._libpq:
+            key = (self, "run")
+            run = conn.info.get(key)
+            if run is None:
+                run = conn.info[key] = self._counting(dbapi_connection)
+            with self._errors(conn, values, None):
+                return run(values)
+        cursor = dbapi_connection.cursor()
         try:
-            cursor.execute(self.sql, self.params(values))
-            return int(cursor.rowcount)
+            with self._errors(conn, values, cursor):
+                cursor.execute(self.sql, self.params(values))
+                return int(cursor.rowcount)
+        finally:
+            cursor.close()
+
+    @contextlib.contextmanager
+    def _errors(self, conn: Connection, values: Mapping[str, Any], cursor: Any) -> Iterator[None]:
+        """The driver's errors raised as SQLAlchemy's ``DBAPIError``, a lost connection
+        invalidated as SQLAlchemy would."""
+        dbapi = conn.dialect.loaded_dbapi
+        try:
+            yield
         except dbapi.Error as exc:
             lost = conn.dialect.is_disconnect(exc, conn.connection.dbapi_connection, cursor)
             if lost:
@@ -235,8 +301,22 @@ class Compiled:
             raise DBAPIError.instance(
                 self.sql, dict(values), exc, dbapi.Error, connection_invalidated=lost
             ) from exc
-        finally:
-            cursor.close()
+
+    def _counting(self, conn: Any) -> Callable[[Mapping[str, Any]], int | None]:
+        """psycopg: a function running the statement as ``run`` does on ``conn``."""
+        statement, names = self._numbered()
+        if conn.prepare_threshold is None:  # behind a transaction pooler
+            run = statement.on(conn, prepare=False)
+        else:
+            run = statement.redoable(conn)
+        params = self.params
+
+        def count(values: Mapping[str, Any]) -> int | None:
+            given = params(values)
+            result = run([given[name] for name in names])
+            return None if result is None else int(result.command_tuples)
+
+        return count
 
     def runner(self, dbapi_connection: Any) -> Callable[[Mapping[str, Any]], object]:
         """A function that runs the statement on ``dbapi_connection``, to keep with it."""
@@ -250,15 +330,7 @@ class Compiled:
         """psycopg: a ``LibpqStatement``, prepared on a direct connection, sent whole
         through a transaction pooler (``prepare_threshold`` None, see
         ``_detect_pooler``)."""
-        names: list[str] = []
-
-        def placeholder(match: re.Match[str]) -> str:
-            if match.group(1) is None:
-                return "%"
-            names.append(match.group(1))
-            return f"${len(names)}"
-
-        statement = LibpqStatement(re.sub(r"%\((\w+)\)s|%%", placeholder, self.sql))
+        statement, names = self._numbered()
         run = statement.on(conn, prepare=conn.prepare_threshold is not None)
         params = self.params
 
@@ -267,6 +339,18 @@ class Compiled:
             run([given[name] for name in names])
 
         return ordered
+
+    def _numbered(self) -> tuple[LibpqStatement, list[str]]:
+        """The statement with libpq's ``$n`` parameters, and the names they stand for."""
+        names: list[str] = []
+
+        def placeholder(match: re.Match[str]) -> str:
+            if match.group(1) is None:
+                return "%"
+            names.append(match.group(1))
+            return f"${len(names)}"
+
+        return LibpqStatement(re.sub(r"%\((\w+)\)s|%%", placeholder, self.sql)), names
 
 
 __all__ = ["Compiled", "Dialect", "LibpqStatement", "Text", "added", "greatest_of"]
