@@ -8,10 +8,11 @@ import uuid
 
 import pytest
 
-from backends import PREFIX, STORE_URLS, run_together, store_url_for
+from backends import PREFIX, STORE_URLS, require, run_together, store_url_for
 from shardkit.errors import CounterKindMismatch, CounterOverflow, ValidationError
 from shardkit.store import Flushed, Store, open_store
 from shardkit.store.base import RETIRED
+from shardkit.store.sql.dialect import LibpqStatement
 from shardkit.validation import INT64_MAX, INT64_MIN
 
 
@@ -263,3 +264,29 @@ def test_racing_schema_creations_all_succeed(kind: str, sqlite_url: str) -> None
             stores[0].metadata.drop_all(stores[0].engine)  # type: ignore[attr-defined]
             for store in stores:
                 store.close()
+
+
+def test_a_redoable_statement_is_prepared_again_when_the_session_lost_it() -> None:
+    """``LibpqStatement.redoable`` after a ``DEALLOCATE ALL``: outside a transaction it
+    prepares the statement again and runs it; in one, whose failure the lost statement
+    aborted, it returns None, and its next run, after the rollback, prepares it first."""
+    import psycopg
+
+    url = STORE_URLS["postgres"]
+    assert url is not None
+    require(url)
+    with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as conn:
+        run = LibpqStatement("SELECT $1::int + 1").redoable(conn)
+        assert run([1]).get_value(0, 0) == b"2"
+        conn.execute("DEALLOCATE ALL")
+        assert run([2]).get_value(0, 0) == b"3"
+        conn.autocommit = False
+        conn.execute("DEALLOCATE ALL")  # in the transaction it begins
+        assert run([3]) is None
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+        conn.rollback()
+        assert run([4]).get_value(0, 0) == b"5"
+        prepared = conn.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'SELECT $1%'"
+        ).fetchone()
+        assert prepared == (1,)

@@ -221,12 +221,14 @@ class LibpqStatement:
                 missing = False
             params = _text(values, encoding)
             result = pgconn.exec_prepared(name, params)
-            if result.error_field(sqlstate) != _MISSING:
-                return check(result)
-            missing = True
-            if pgconn.transaction_status == failed:
-                return None
-            return run(values)
+            if result.error_field(sqlstate) == _MISSING:
+                missing = True
+                if pgconn.transaction_status == failed:
+                    return None
+                check(pgconn.prepare(name, sql))
+                missing = False
+                result = pgconn.exec_prepared(name, params)
+            return check(result)
 
         return run
 
