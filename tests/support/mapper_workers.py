@@ -29,6 +29,7 @@ import re
 import signal
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,8 +124,8 @@ def _pending() -> set[str]:
     return _local.faults  # type: ignore[no-any-return]
 
 
-# The checkpoint's UPDATE, alone or in the query that commits with it (PostgreSQL).
-_CHECKPOINT = re.compile(r"""(?:WITH \S+ AS\s*\()?UPDATE \S*ranges SET [`"]?after[`"]?=""")
+# The checkpoint's UPDATE.
+_CHECKPOINT = re.compile(r"""UPDATE \S*ranges SET [`"]?after[`"]?=""")
 
 
 def _strike(statement: str) -> None:
@@ -142,12 +143,33 @@ def _strike(statement: str) -> None:
 def _arm(conn: Any) -> None:
     """Strike the faults left for the checkpoint as its statement is about to be sent on
     ``conn`` (a page's function and its checkpoint run in one thread, on one connection):
-    through psycopg's cursors, which also run the statements SQLAlchemy does not (the
+    with psycopg, through its cursors and the statements run through libpq directly (the
     checkpoint of a page that keeps its range pending), else through SQLAlchemy's event."""
     if conn.dialect.driver == "psycopg":
         conn.connection.dbapi_connection.cursor_factory = _striking_cursor()
+        _strike_through_libpq()
     else:
         _listen(conn.engine)
+
+
+@functools.cache
+def _strike_through_libpq() -> None:
+    """Strike before each run of a statement through libpq (``LibpqStatement.redoable``,
+    as the mapper's checkpoint runs)."""
+    from shardkit.store.sql.dialect import LibpqStatement
+
+    redoable = LibpqStatement.redoable
+
+    def striking(self: LibpqStatement, conn: Any) -> Callable[[Sequence[Any]], Any]:
+        run = redoable(self, conn)
+
+        def strike_then_run(values: Sequence[Any]) -> Any:
+            _strike(self.sql)
+            return run(values)
+
+        return strike_then_run
+
+    LibpqStatement.redoable = striking  # type: ignore[method-assign]
 
 
 @functools.cache
