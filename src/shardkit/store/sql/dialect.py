@@ -5,17 +5,16 @@ directly (``LibpqStatement``)."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib
 import itertools
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, StatementError
 
 from shardkit.validation import MAX_NAME_LENGTH
 
@@ -159,30 +158,21 @@ class LibpqStatement:
         returns its libpq result, raising psycopg's error for a failed one; to keep with
         the connection. With ``now``, the statement is prepared at once (one round trip),
         so that no run in a transaction finds it missing."""
-        from psycopg import errors, pq
+        from psycopg import pq
 
         encoding: str = conn.info.encoding
         sql = self.sql.encode(encoding)
         pgconn = conn.pgconn
-        done = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
         sqlstate = pq.DiagnosticField.SQLSTATE
-
-        def check(result: Any) -> Any:
-            if result.status not in done:
-                raise errors.error_from_result(result, encoding=encoding)
-            return result
-
-        def text(values: Sequence[int | str]) -> list[bytes]:
-            return _text(values, encoding)
-
+        check = _checker(encoding)
         if not prepare:
-            return lambda values: check(pgconn.exec_params(sql, text(values)))
+            return lambda values: check(pgconn.exec_params(sql, _text(values, encoding)))
         name = b"shardkit_" + hashlib.sha1(sql).hexdigest()[:16].encode()
         if now:
             check(pgconn.prepare(name, sql))
 
         def run(values: Sequence[int | str]) -> Any:
-            params = text(values)
+            params = _text(values, encoding)
             result = pgconn.exec_prepared(name, params)
             if result.error_field(sqlstate) == _MISSING:
                 check(pgconn.prepare(name, sql))
@@ -199,20 +189,15 @@ class LibpqStatement:
         which the failure aborted: then it returns None, for the transaction to be
         rolled back and run again (the statement is prepared first). To keep with the
         connection."""
-        from psycopg import errors, pq
+        from psycopg import pq
 
         encoding: str = conn.info.encoding
         sql = self.sql.encode(encoding)
         pgconn = conn.pgconn
-        done = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
         sqlstate, failed = pq.DiagnosticField.SQLSTATE, pq.TransactionStatus.INERROR
+        check = _checker(encoding)
         name = b"shardkit_redoable_%d" % next(_redoable_names)
         missing = True
-
-        def check(result: Any) -> Any:
-            if result.status not in done:
-                raise errors.error_from_result(result, encoding=encoding)
-            return result
 
         def run(values: Sequence[int | str]) -> Any | None:
             nonlocal missing
@@ -231,6 +216,21 @@ class LibpqStatement:
             return check(result)
 
         return run
+
+
+def _checker(encoding: str) -> Callable[[Any], Any]:
+    """A function returning a libpq result that succeeded, raising psycopg's error for
+    one that failed."""
+    from psycopg import errors, pq
+
+    done = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
+
+    def check(result: Any) -> Any:
+        if result.status not in done:
+            raise errors.error_from_result(result, encoding=encoding)
+        return result
+
+    return check
 
 
 def _text(values: Sequence[int | str], encoding: str) -> list[bytes]:
@@ -279,30 +279,35 @@ class Compiled:
             run = conn.info.get(key)
             if run is None:
                 run = conn.info[key] = self._counting(dbapi_connection)
-            with self._errors(conn, values, None):
+            try:
                 return run(values)
+            except conn.dialect.loaded_dbapi.Error as exc:
+                raise self._failure(conn, values, None, exc) from exc
         cursor = dbapi_connection.cursor()
         try:
-            with self._errors(conn, values, cursor):
-                cursor.execute(self.sql, self.params(values))
-                return int(cursor.rowcount)
+            cursor.execute(self.sql, self.params(values))
+            return int(cursor.rowcount)
+        except conn.dialect.loaded_dbapi.Error as exc:
+            raise self._failure(conn, values, cursor, exc) from exc
         finally:
             cursor.close()
 
-    @contextlib.contextmanager
-    def _errors(self, conn: Connection, values: Mapping[str, Any], cursor: Any) -> Iterator[None]:
-        """The driver's errors raised as SQLAlchemy's ``DBAPIError``, a lost connection
+    def _failure(
+        self, conn: Connection, values: Mapping[str, Any], cursor: Any, exc: Any
+    ) -> StatementError:
+        """The driver's error ``exc`` as SQLAlchemy's ``DBAPIError``, a lost connection
         invalidated as SQLAlchemy would."""
-        dbapi = conn.dialect.loaded_dbapi
-        try:
-            yield
-        except dbapi.Error as exc:
-            lost = conn.dialect.is_disconnect(exc, conn.connection.dbapi_connection, cursor)
-            if lost:
-                conn.invalidate(exc)
-            raise DBAPIError.instance(
-                self.sql, dict(values), exc, dbapi.Error, connection_invalidated=lost
-            ) from exc
+        lost = conn.dialect.is_disconnect(exc, conn.connection.dbapi_connection, cursor)
+        if lost:
+            conn.invalidate(exc)
+        failure: StatementError = DBAPIError.instance(
+            self.sql,
+            dict(values),
+            exc,
+            conn.dialect.loaded_dbapi.Error,
+            connection_invalidated=lost,
+        )
+        return failure
 
     def _counting(self, conn: Any) -> Callable[[Mapping[str, Any]], int | None]:
         """psycopg: a function running the statement as ``run`` does on ``conn``."""
