@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, overload
 
-from sqlalchemy.engine import Connection, Row
+from sqlalchemy.engine import Connection, Result, Row
 
 from shardkit._program import Blocking, Program, call, role, rule
 from shardkit.errors import ConfigurationError, JobFailed, JobNotFound, JobTimeout
@@ -49,14 +50,14 @@ class RowDicts(Sequence[RowDict]):
     ``records`` holds (so no more work for Python's garbage collector), and pays about
     what ``row.id`` on a record costs."""
 
-    __slots__ = ("_make", "_records")
+    __slots__ = ("_make", "_values")
 
-    def __init__(self, records: list[Row[Any]]) -> None:
-        self._records = records
-        self._make = functools.partial(zip, records[0]._fields if records else ())
+    def __init__(self, values: list[tuple[Any, ...]], fields: tuple[str, ...]) -> None:
+        self._values = values
+        self._make = functools.partial(zip, fields)
 
     def __len__(self) -> int:
-        return len(self._records)
+        return len(self._values)
 
     @overload
     def __getitem__(self, index: int) -> RowDict: ...
@@ -64,14 +65,77 @@ class RowDicts(Sequence[RowDict]):
     def __getitem__(self, index: slice) -> list[RowDict]: ...
     def __getitem__(self, index: int | slice) -> RowDict | list[RowDict]:
         if isinstance(index, slice):
-            return list(RowDicts(self._records[index]))
-        return RowDict(self._make(self._records[index]))
+            return list(map(RowDict, map(self._make, self._values[index])))
+        return RowDict(self._make(self._values[index]))
 
     def __iter__(self) -> Iterator[RowDict]:
-        return map(RowDict, map(self._make, self._records))
+        return map(RowDict, map(self._make, self._values))
 
     def __repr__(self) -> str:
         return f"<RowDicts of {len(self)} rows>"
+
+
+_PART = 100
+"""Rows taken from a result at a time by ``Records.read``: fewer than the 700 new objects
+after which CPython's collector runs, so that no part's rows are alive when it does."""
+
+
+def _no_row(values: tuple[Any, ...]) -> Row[Any]:
+    """What an empty page makes its rows with: none is ever asked for."""
+    raise IndexError("the page is empty")
+
+
+class Records(Sequence[Row[Any]]):
+    """A page's rows of a table source as ``Batch.records`` gives them: SQLAlchemy
+    ``Row``s, each made as it is read and not kept (two reads of a row give equal rows).
+
+    The page is held as tuples of its values, which CPython's collector stops tracking
+    the first time it looks at them; rows it would track for as long as the page is
+    held, and a worker holds its page through fn and its checkpoint, so that held rows
+    of 2,000-row pages set off full collections of the whole heap every hundred pages
+    or so."""
+
+    __slots__ = ("_fields", "_make", "_values")
+
+    def __init__(self, rows: Iterable[Row[Any]]) -> None:
+        iterator = iter(rows)
+        first = next(iterator, None)
+        if first is None:
+            self._values: list[tuple[Any, ...]] = []
+            self._fields: tuple[str, ...] = ()
+            self._make: Callable[[tuple[Any, ...]], Row[Any]] = _no_row
+            return
+        self._values = [tuple(first), *map(tuple, iterator)]
+        self._fields = first._fields
+        # Rows as the result makes them, its values already converted by column type.
+        self._make = functools.partial(Row, first._parent, None, first._key_to_index)
+
+    @classmethod
+    def read(cls, result: Result[Any]) -> Records:
+        """All of ``result``'s rows, taken ``_PART`` at a time."""
+        return cls(itertools.chain.from_iterable(result.partitions(_PART)))
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    @overload
+    def __getitem__(self, index: int) -> Row[Any]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Row[Any]]: ...
+    def __getitem__(self, index: int | slice) -> Row[Any] | list[Row[Any]]:
+        if isinstance(index, slice):
+            return list(map(self._make, self._values[index]))
+        return self._make(self._values[index])
+
+    def __iter__(self) -> Iterator[Row[Any]]:
+        return map(self._make, self._values)
+
+    def __repr__(self) -> str:
+        return f"<Records of {len(self)} rows>"
+
+    def dicts(self) -> RowDicts:
+        """The same rows as ``RowDict``s."""
+        return RowDicts(self._values, self._fields)
 
 
 @dataclass(frozen=True)
@@ -79,15 +143,16 @@ class Batch:
     """One page of a range, handed to the job's function.
 
     ``records`` are the source's rows in key order as read: SQLAlchemy ``Row`` objects
-    for a table source (``row.id``, ``row[0]``), model instances for a queryset.
-    ``rows`` are the same rows with a table source's as dicts of their columns by name
-    (``RowDict``: ``row["id"]``, also ``row.id``), each made as it is read (``RowDicts``),
-    about as cheap as reading ``records``. ``conn`` is the connection of the transaction in which
-    the page's checkpoint commits — only in a transactional job: writes made through it
-    commit with the checkpoint or not at all, so no row is ever applied twice.
+    for a table source (``row.id``, ``row[0]``), each made as it is read (``Records``),
+    model instances for a queryset. ``rows`` are the same rows with a table source's as
+    dicts of their columns by name (``RowDict``: ``row["id"]``, also ``row.id``), each
+    made as it is read too (``RowDicts``), about as cheap as reading ``records``.
+    ``conn`` is the connection of the transaction in which the page's checkpoint commits
+    — only in a transactional job: writes made through it commit with the checkpoint or
+    not at all, so no row is ever applied twice.
     """
 
-    records: list[Any]
+    records: Sequence[Any]
     """The page's rows, in key order, as read."""
     job: str
     """The job's id."""
@@ -98,9 +163,10 @@ class Batch:
     @property
     def rows(self) -> Sequence[Any]:
         """The page's rows as dicts (``row["id"]``; model instances for a queryset)."""
-        if self.records and isinstance(self.records[0], Row):
-            return RowDicts(self.records)
-        return self.records
+        records = self.records
+        if records and not isinstance(records, Records) and isinstance(records[0], Row):
+            records = Records(records)  # a source of one's own that reads SQLAlchemy rows
+        return records.dicts() if isinstance(records, Records) else records
 
     @property
     def conn(self) -> Connection:
@@ -228,4 +294,4 @@ class Job(JobCore, Blocking):
         return self._mapper.resume(self.id)
 
 
-__all__ = ["Batch", "Completion", "Finishes", "Job", "JobCore", "RowDict", "RowDicts"]
+__all__ = ["Batch", "Completion", "Finishes", "Job", "JobCore", "Records", "RowDict", "RowDicts"]

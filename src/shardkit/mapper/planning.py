@@ -36,7 +36,7 @@ class Planner:
         conn: Connection,
         spec: MapSpec,
         row: RangeRow,
-        rows: list[Any],
+        rows: Sequence[Any],
         after: Key | None,
         stats: Statistics,
     ) -> tuple[Children | None, int | None]:

@@ -84,7 +84,7 @@ class _Page(NamedTuple):
     locked, and the page counted, by this transaction."""
 
     row: RangeRow
-    rows: list[Any]
+    rows: Sequence[Any]
     after: Key | None
     children: Children | None
     planned: int | None

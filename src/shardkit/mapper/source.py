@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Row
+from sqlalchemy.engine import Connection
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import ClauseElement, Executable
 
 from shardkit.errors import ConfigurationError
+from shardkit.mapper.job import Records
 from shardkit.mapper.keys import Key, KeyRange
 
 _COMPARE = {"lo": operator.ge, "hi": operator.lt, "after": operator.gt}
@@ -50,7 +51,7 @@ class Source(Protocol):
     """Rows to visit. Every method reads through the connection it is given (in a
     transactional job, the connection of the transaction that commits the page)."""
 
-    def page(self, conn: Connection, rng: KeyRange, after: Key | None, limit: int) -> list[Any]:
+    def page(self, conn: Connection, rng: KeyRange, after: Key | None, limit: int) -> Sequence[Any]:
         """Up to ``limit`` rows of ``rng`` with keys above ``after``, in key order; more
         only when its last key is held by several rows (equal in the database's order):
         a page ends after all of them, as the next starts above its last key."""
@@ -151,9 +152,7 @@ class TableSource:
             return {f"shardkit_{edge}_{i}": value for i, value in enumerate(key)}
         raise ConfigurationError(f"a key of {self.key} must be a tuple: {key!r}")
 
-    def page(
-        self, conn: Connection, rng: KeyRange, after: Key | None, limit: int
-    ) -> list[Row[Any]]:
+    def page(self, conn: Connection, rng: KeyRange, after: Key | None, limit: int) -> Records:
         edges, params = self._edges(rng, after)
         statement = self._pages.get(edges)
         if statement is None:
@@ -164,12 +163,12 @@ class TableSource:
                 .limit(sa.bindparam("shardkit_limit", type_=sa.Integer))
             )
         params["shardkit_limit"] = limit
-        rows = list(conn.execute(statement, params).all())
+        rows = Records.read(conn.execute(statement, params))
         if len(rows) == limit and not self._unique and _may_tie(self.key_of(rows[-1])):
             return self._with_ties(conn, rows)
         return rows
 
-    def _with_ties(self, conn: Connection, rows: list[Row[Any]]) -> list[Row[Any]]:
+    def _with_ties(self, conn: Connection, rows: Records) -> Records:
         """A full page, its end moved past every row whose key equals its last key in
         the database's order: read them, and replace the page's rows of the same exact
         keys (its tail) with them. One index probe; usually the last row alone."""
@@ -178,7 +177,7 @@ class TableSource:
         last = self._params("tie", self.key_of(rows[-1]))
         tail = conn.execute(self._ties, last).all()
         keys = {self.key_of(row) for row in tail}
-        return [row for row in rows if self.key_of(row) not in keys] + list(tail)
+        return Records([*(row for row in rows if self.key_of(row) not in keys), *tail])
 
     def key_of(self, row: Any) -> Key:
         if len(self._positions) == 1:
