@@ -90,10 +90,9 @@ class Records(Sequence[Row[Any]]):
     ``Row``s, each made as it is read and not kept (two reads of a row give equal rows).
 
     The page is held as tuples of its values, which CPython's collector stops tracking
-    the first time it looks at them; rows it would track for as long as the page is
-    held, and a worker holds its page through fn and its checkpoint, so that held rows
-    of 2,000-row pages set off full collections of the whole heap every hundred pages
-    or so."""
+    the first time it looks at them. Held as rows, each would stay tracked as long as
+    its worker holds the page (through fn and the checkpoint): with 2,000-row pages, a
+    full collection of the whole heap every hundred pages or so."""
 
     __slots__ = ("_fields", "_make", "_values")
 
