@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from shardkit import metrics
 
 if TYPE_CHECKING:
-    from shardkit.mapper.job import Batch, Completion, Job
+    from shardkit.mapper.job import Batch, Completion, Job, Records, RowDict, RowDicts
     from shardkit.mapper.keys import Key, KeyRange
     from shardkit.mapper.ledger import JobStatus
     from shardkit.mapper.runner import Mapper
@@ -26,6 +26,9 @@ _WHERE = {
     "Batch": "job",
     "Completion": "job",
     "Job": "job",
+    "Records": "job",
+    "RowDict": "job",
+    "RowDicts": "job",
     "Key": "keys",
     "KeyRange": "keys",
     "JobStatus": "ledger",
@@ -58,6 +61,9 @@ __all__ = [
     "KeyRange",
     "MapSpec",
     "Mapper",
+    "Records",
+    "RowDict",
+    "RowDicts",
     "Signer",
     "Source",
     "Statistics",
