@@ -6,10 +6,9 @@ modes ``shardkit`` (a transactional ``kit.map``) and ``fixed`` (``--workers`` ke
 cut between ``min(id)`` and ``max(id)``, a keyset loop in a thread each), ``--repeat``
 rounds with the modes taking turns, each mode's median round. Every shape's runs are
 checked as ``mapper.py`` checks them (every row +1, no other change). Each shape runs
-in a Python process of its own, as a job runs in a worker: in one process running the
-shapes in turn, kit.map's CPU grew run after run (the kits each run opens leave objects
-behind, which the collector's passes, set off by the pages kit.map holds, go through
-again). The table gives, per shape, both rates, their ratio
+in a Python process of its own, as a job runs in a worker: the kits each run opens leave
+objects behind in SQLAlchemy's caches, which the collector's full passes in the runs
+after it would go through again. The table gives, per shape, both rates, their ratio
 (target ≥ 0.9x) and the ratio of the process's CPU seconds (target ≤ 1.15x), with the
 rounds' spread; a line per shape as it ends.
 

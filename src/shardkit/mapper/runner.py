@@ -412,8 +412,8 @@ class Mapper:
         # The page before is let go here, just after this one was made, not when its
         # step ended: CPython's collector runs when new objects outnumber those freed by
         # 700, and workers each holding a page through fn's I/O set it off every page or
-        # two, each run going through every page held (eight workers: 400 collections, a
-        # tenth of the client's CPU, where this leaves 20).
+        # two, each run going through the held pages' objects it still tracks (a table's
+        # values, until it has looked at them once; a queryset's model instances).
         _last_page.rows = rows
         after = spec.source.key_of(rows[-1]) if rows else row.after
         stats = self._statistics(job, spec)
