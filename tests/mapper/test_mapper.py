@@ -1027,7 +1027,7 @@ def test_a_page_whose_checkpoint_the_session_forgot_is_visited_again(
     table, initial = key_table(tables, "sequential", 100)
     add = add_ten(table)
     mapper, job = kit.mapper, f"forgot-{uuid4().hex[:8]}"
-    checkpoint = (mapper.ledger._direct[False, True], "run")  # a page's after the first
+    checkpoint = (mapper.ledger._direct[False, True], True)  # a page's after the first
     firsts: list[Any] = []
     forgot: list[Any] = []
 
@@ -1061,15 +1061,15 @@ def test_a_page_whose_checkpoint_the_session_forgot_is_visited_again(
 
 def round_trips(engine: sa.Engine, action: Callable[[], object], path: Path) -> list[list[str]]:
     """The round trips to PostgreSQL that ``action`` makes on connections it checks out of
-    ``engine``: in each, the first word of every statement sent (libpq's trace, unprepared
-    so that every statement shows its text)."""
+    ``engine`` (libpq's trace): in each, what each statement sent is — the first word of
+    its text; PREPARE for a statement prepared under a name, EXECUTE for one run by
+    its name."""
     from psycopg import pq
 
     traced: list[Any] = []
     with path.open("a") as out:
 
         def trace(dbapi_connection: Any, record: Any, proxy: Any) -> None:
-            dbapi_connection.prepare_threshold = None
             pgconn = dbapi_connection.pgconn
             pgconn.trace(out.fileno())
             pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
@@ -1091,7 +1091,10 @@ def round_trips(engine: sa.Engine, action: Callable[[], object], path: Path) -> 
             continue
         text = rest[0] if rest else ""
         if kind == "Parse":  # an extended-protocol statement: sent on the next Sync
-            statements.append(text.split('"')[3].split()[0])
+            _, name, _, sql, *_ = text.split('"')
+            statements.append(sql.split()[0] if name == "" else "PREPARE")
+        elif kind == "Bind" and text.split('"')[3] != "":
+            statements.append("EXECUTE")
         elif kind == "Sync":
             trips.append(statements)
             statements = []
@@ -1100,30 +1103,41 @@ def round_trips(engine: sa.Engine, action: Callable[[], object], path: Path) -> 
     return trips
 
 
-def second_page_trips(
-    kit: shardkit.Kit, tables: Tables, transactional: bool, path: Path
+def third_page_trips(
+    kit: shardkit.Kit, tables: Tables, transactional: bool, path: Path, *, pooled: bool
 ) -> list[list[str]]:
-    """The round trips of the second page of a range (its first read the ledger's row)."""
+    """The round trips of the third page of a range (its first read the ledger's row, its
+    second the first to count itself): as behind a transaction pooler (``pooled``:
+    psycopg's ``prepare_threshold`` None, no statement prepared), or on a direct
+    connection. Every page runs on the same connection: the source's statistics, which
+    the first page would read on a connection of their own, are read before it."""
     assert sql_store(kit).dialect.name == "postgresql"  # libpq's trace
+    engine = sql_store(kit).engine
     table, initial = key_table(tables, "sequential", 100)
     fn = add_ten(table) if transactional else lambda batch: None
     spec = MapSpec(TableSource(table, "k"), fn, None, 10, 1, transactional, 0)
     mapper, job = kit.mapper, f"trips-{uuid4().hex[:8]}"
-    assert mapper.ledger.create(job, spec.dumps(None)[0])
-    mapper._hold(job, spec)
-    root = KeyRange().id(job)
-    first = mapper._step(job, root, spec, None)
-    assert first is not None
-    second: list[Any] = []
-    trips = round_trips(
-        sql_store(kit).engine,
-        lambda: second.append(mapper._step(job, root, spec, first.row)),
-        path,
-    )
-    assert second[0].state == "pending"
-    assert job_row(kit, job, root)[:2] == ("20", 20)
+
+    def configure(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        if pooled:
+            dbapi_connection.prepare_threshold = None
+
+    sa.event.listen(engine, "checkout", configure)
+    try:
+        assert mapper.ledger.create(job, spec.dumps(None)[0])
+        mapper._hold(job, spec)
+        mapper._statistics(job, spec)
+        root, row, steps = KeyRange().id(job), None, []
+        for _ in range(2):
+            steps.append(mapper._step(job, root, spec, row))
+            row = steps[-1].row
+        trips = round_trips(engine, lambda: steps.append(mapper._step(job, root, spec, row)), path)
+    finally:
+        sa.event.remove(engine, "checkout", configure)
+    assert [step.state for step in steps] == ["pending"] * 3
+    assert job_row(kit, job, root)[:2] == ("30", 30)
     if transactional:
-        assert values(kit, table) == {k: v + 10 if k <= 20 else v for k, v in initial.items()}
+        assert values(kit, table) == {k: v + 10 if k <= 30 else v for k, v in initial.items()}
     return trips
 
 
@@ -1157,24 +1171,36 @@ def test_a_page_past_a_checkpoint_walks_a_composite_keys_index_from_there(
 
 
 @pytest.mark.parametrize("store_url", ["postgres"], indirect=True)  # libpq's trace
-def test_a_transactional_page_is_its_read_fns_statements_and_its_checkpoint(
+def test_a_transactional_page_commits_with_its_checkpoint(
     kit: shardkit.Kit, tables: Tables, tmp_path: Path
 ) -> None:
-    """A transactional page that keeps its range pending: BEGIN, the page, fn's, the
-    checkpoint and COMMIT, each statement on the extended protocol (prepared by the
-    driver once it repeats), none planned anew per page in a query of its own."""
-    trips = second_page_trips(kit, tables, True, tmp_path / "trace")
-    assert trips == [["BEGIN"], ["SELECT"], ["UPDATE"] * 10, ["UPDATE"], ["COMMIT"]]
+    """A transactional page that keeps its range pending: BEGIN, the page, fn's
+    statements (prepared by psycopg's ``executemany``), and its checkpoint with the
+    COMMIT in one round trip (the checkpoint prepared on the connection by a page
+    before)."""
+    trips = third_page_trips(kit, tables, True, tmp_path / "trace", pooled=False)
+    assert trips == [["BEGIN"], ["SELECT"], ["EXECUTE"] * 10, ["EXECUTE", "COMMIT"]]
 
 
 @pytest.mark.parametrize("store_url", ["postgres"], indirect=True)  # libpq's trace
-def test_an_at_least_once_page_reads_and_checkpoints_outside_transactions(
+def test_a_transactional_page_behind_a_pooler_commits_after_its_checkpoint(
     kit: shardkit.Kit, tables: Tables, tmp_path: Path
+) -> None:
+    """Behind a transaction pooler, where a session's prepared statements are not its
+    own, the checkpoint is sent whole and the COMMIT after it."""
+    trips = third_page_trips(kit, tables, True, tmp_path / "trace", pooled=True)
+    assert trips == [["BEGIN"], ["SELECT"], ["UPDATE"] * 10, ["WITH"], ["COMMIT"]]
+
+
+@pytest.mark.parametrize("store_url", ["postgres"], indirect=True)  # libpq's trace
+@pytest.mark.parametrize(("pooled", "checkpoint"), [(False, "EXECUTE"), (True, "WITH")])
+def test_an_at_least_once_page_reads_and_checkpoints_outside_transactions(
+    kit: shardkit.Kit, tables: Tables, tmp_path: Path, pooled: bool, checkpoint: str
 ) -> None:
     """A page of a job that is not transactional is two round trips: its read and its
     checkpoint, each autocommitted (no BEGIN, COMMIT or ROLLBACK)."""
-    trips = second_page_trips(kit, tables, False, tmp_path / "trace")
-    assert trips == [["SELECT"], ["UPDATE"]]
+    trips = third_page_trips(kit, tables, False, tmp_path / "trace", pooled=pooled)
+    assert trips == [["SELECT"], [checkpoint]]
 
 
 def test_standalone_statements_commit_as_they_run_where_that_is_free(kit: shardkit.Kit) -> None:

@@ -124,13 +124,13 @@ def _pending() -> set[str]:
     return _local.faults  # type: ignore[no-any-return]
 
 
-# The checkpoint's UPDATE.
+# The checkpoint's UPDATE (on its own, or within the query that runs it through libpq).
 _CHECKPOINT = re.compile(r"""UPDATE \S*ranges SET [`"]?after[`"]?=""")
 
 
 def _strike(statement: str) -> None:
     """Strike the faults this thread left for its checkpoint, if ``statement`` is it."""
-    if not _CHECKPOINT.match(statement):
+    if not _CHECKPOINT.search(statement):
         return
     faults = _pending()
     if "kill" in faults:
@@ -154,22 +154,26 @@ def _arm(conn: Any) -> None:
 
 @functools.cache
 def _strike_through_libpq() -> None:
-    """Strike before each run of a statement through libpq (``LibpqStatement.redoable``,
-    as the mapper's checkpoint runs)."""
+    """Strike before each run of a statement through libpq (``LibpqStatement.redoable``
+    and ``committing``, as the mapper's checkpoint runs)."""
     from shardkit.store.sql.dialect import LibpqStatement
 
-    redoable = LibpqStatement.redoable
+    def striking(
+        running: Callable[[LibpqStatement, Any], Callable[[Sequence[Any]], Any]],
+    ) -> Callable[[LibpqStatement, Any], Callable[[Sequence[Any]], Any]]:
+        def on(self: LibpqStatement, conn: Any) -> Callable[[Sequence[Any]], Any]:
+            run = running(self, conn)
 
-    def striking(self: LibpqStatement, conn: Any) -> Callable[[Sequence[Any]], Any]:
-        run = redoable(self, conn)
+            def strike_then_run(values: Sequence[Any]) -> Any:
+                _strike(self.sql)
+                return run(values)
 
-        def strike_then_run(values: Sequence[Any]) -> Any:
-            _strike(self.sql)
-            return run(values)
+            return strike_then_run
 
-        return strike_then_run
+        return on
 
-    LibpqStatement.redoable = striking  # type: ignore[method-assign]
+    LibpqStatement.redoable = striking(LibpqStatement.redoable)  # type: ignore[method-assign]
+    LibpqStatement.committing = striking(LibpqStatement.committing)  # type: ignore[method-assign]
 
 
 @functools.cache

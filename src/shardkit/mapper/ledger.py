@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
 from shardkit._program import Program, call, run
 from shardkit.mapper.keys import Key, KeyRange, dump_key, load_key
@@ -172,10 +173,13 @@ class RangeLedger:
             for shape in itertools.product((False, True), (False, True), (STAY, SPLIT, LAST))
         }
         # A page's checkpoint that keeps its range pending, on PostgreSQL through psycopg
-        # (not Django's: its transactions are its caller's): run through libpq.
+        # (not Django's: its transactions are its caller's): run through libpq, as a query
+        # that fails when the range moved on, so that sent with its transaction's COMMIT
+        # in one round trip, it keeps the COMMIT from running.
         self._direct = {
             (fresh, count_page): Compiled(
-                self._checkpoints[fresh, count_page, STAY], store.engine.dialect
+                _failing_unless_written(self._checkpoints[fresh, count_page, STAY]),
+                store.engine.dialect,
             )
             for fresh, count_page in itertools.product((False, True), (False, True))
             if store.combinable and store.engine.dialect.driver == "psycopg"
@@ -362,6 +366,7 @@ class RangeLedger:
         rows: int,
         children: Sequence[Child] | None,
         count_page: bool,
+        commit: bool = False,
     ) -> tuple[list[str], bool] | None:
         """In ``conn``'s transaction: record a page of ``rows`` rows ending at ``after``,
         if the range is still pending at the checkpoint ``row`` holds and its job still
@@ -369,16 +374,24 @@ class RangeLedger:
         it pending; with ``[]``, mark it done (nothing left) and lock another pending
         range of the job that no other transaction holds, if there is one: its next run
         waits for this transaction to commit, so it finishes after it (SQLite, with one
-        writer at a time, needs no lock). Returns the children's ids and whether another
-        range is held; None if another run got there first, or the job stopped, or (a
-        checkpoint run through libpq) the session had lost its prepared statement: in a
-        transaction, the transaction is then to be rolled back and the page visited
-        again."""
+        writer at a time, needs no lock). With ``commit``, the checkpoint is the last
+        statement of ``conn``'s transaction, which a checkpoint run through libpq
+        commits in the same round trip (its owner's COMMIT then has nothing to do).
+        Returns the children's ids and whether another range is held; None if another
+        run got there first, or the job stopped, or (a checkpoint run through libpq)
+        the session had lost its prepared statement: in a transaction, the transaction
+        is then to be rolled back and the page visited again."""
         end = STAY if children is None else SPLIT if children else LAST
         params = _checkpoint_params(job, row, after, rows)
         direct = self._direct.get((row.after is None, count_page)) if end == STAY else None
         if direct is not None:
-            return ([], False) if direct.run(conn, params) == 1 else None
+            try:
+                ran = direct.run(conn, params, commit=commit)
+            except DBAPIError as exc:
+                if getattr(exc.orig, "sqlstate", None) == _NOT_WRITTEN:
+                    return None
+                raise
+            return None if ran is None else ([], False)
         statement = self._checkpoints[row.after is None, count_page, end]
         result = conn.execute(statement, params)
         if end == LAST and not self.store.dialect.is_mysql:
@@ -443,6 +456,16 @@ class RangeLedger:
             return int(conn.execute(read).scalar_one())
 
         return self.store.transaction(f"recording a failure in job {job!r}", work)
+
+
+def _failing_unless_written(update: sa.Update) -> sa.Select[Any]:
+    """``update`` as a query that fails with a division by zero (``_NOT_WRITTEN``) when
+    it changes no row."""
+    written = update.returning(sa.literal_column("1")).cte("written")
+    return sa.select(sa.text("1 / count(*)")).select_from(written)
+
+
+_NOT_WRITTEN = "22012"  # division_by_zero: see _failing_unless_written
 
 
 def _checkpoint_params(job: str, row: RangeRow, after: Key | None, rows: int) -> dict[str, Any]:

@@ -440,7 +440,14 @@ class Mapper:
 
         def write(conn: Connection) -> _Next | None:
             done = self.ledger.checkpoint(
-                conn, job, row, after=after, rows=rows, children=children, count_page=count_page
+                conn,
+                job,
+                row,
+                after=after,
+                rows=rows,
+                children=children,
+                count_page=count_page,
+                commit=tx is not None,
             )
             if done is None:
                 return None

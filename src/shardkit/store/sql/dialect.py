@@ -191,31 +191,76 @@ class LibpqStatement:
         connection."""
         from psycopg import pq
 
-        encoding: str = conn.info.encoding
-        sql = self.sql.encode(encoding)
-        pgconn = conn.pgconn
+        prepared = _Prepared(conn, self.sql)
+        pgconn, name, check = prepared.pgconn, prepared.name, prepared.check
+        encoding = prepared.encoding
         sqlstate, failed = pq.DiagnosticField.SQLSTATE, pq.TransactionStatus.INERROR
-        check = _checker(encoding)
-        name = b"shardkit_redoable_%d" % next(_redoable_names)
-        missing = True
 
         def run(values: Sequence[int | str]) -> Any | None:
-            nonlocal missing
-            if missing:
-                check(pgconn.prepare(name, sql))
-                missing = False
+            prepared.ready()
             params = _text(values, encoding)
             result = pgconn.exec_prepared(name, params)
             if result.error_field(sqlstate) == _MISSING:
-                missing = True
+                prepared.missing = True
                 if pgconn.transaction_status == failed:
                     return None
-                check(pgconn.prepare(name, sql))
-                missing = False
+                prepared.ready()
                 result = pgconn.exec_prepared(name, params)
             return check(result)
 
         return run
+
+    def committing(self, conn: Any) -> Callable[[Sequence[int | str]], Any | None]:
+        """A function that runs the statement on ``conn`` and commits the connection's
+        transaction in the same round trip: one simple query, ``EXECUTE name(…);
+        COMMIT``, the statement prepared as ``redoable`` prepares it, its values (one at
+        least) sent as literals. Returns the COMMIT's libpq result; None if the session
+        had lost the statement (prepared again at the next run): the transaction is then
+        aborted, to be rolled back. A failed statement raises psycopg's error, the
+        transaction aborted and the COMMIT not run; a failed COMMIT raises its own, the
+        transaction over. To keep with the connection."""
+        from psycopg import pq
+
+        prepared = _Prepared(conn, self.sql)
+        pgconn, check, encoding = prepared.pgconn, prepared.check, prepared.encoding
+        sqlstate = pq.DiagnosticField.SQLSTATE
+        escape = pq.Escaping(pgconn).escape_literal
+        head = b"EXECUTE " + prepared.name + b"("
+
+        def run(values: Sequence[int | str]) -> Any | None:
+            prepared.ready()
+            literals = b", ".join(
+                escape(value.encode(encoding)) if isinstance(value, str) else b"%d" % value
+                for value in values
+            )
+            result = pgconn.exec_(head + literals + b"); COMMIT")
+            if result.error_field(sqlstate) == _MISSING:
+                prepared.missing = True
+                return None
+            return check(result)
+
+        return run
+
+
+class _Prepared:
+    """A statement to prepare on a psycopg connection under a name of its own: at its
+    first run, and again after the session lost it (``missing``)."""
+
+    __slots__ = ("check", "encoding", "missing", "name", "pgconn", "sql")
+
+    def __init__(self, conn: Any, sql: str) -> None:
+        self.encoding: str = conn.info.encoding
+        self.sql = sql.encode(self.encoding)
+        self.pgconn = conn.pgconn
+        self.check = _checker(self.encoding)
+        self.name = b"shardkit_prepared_%d" % next(_prepared_names)
+        self.missing = True
+
+    def ready(self) -> None:
+        """Prepare the statement if the session does not have it."""
+        if self.missing:
+            self.check(self.pgconn.prepare(self.name, self.sql))
+            self.missing = False
 
 
 def _checker(encoding: str) -> Callable[[Any], Any]:
@@ -239,7 +284,7 @@ def _text(values: Sequence[int | str], encoding: str) -> list[bytes]:
 
 
 _MISSING = b"26000"  # invalid_sql_statement_name: not prepared in this session
-_redoable_names = itertools.count()  # each redoable statement's own prepared name
+_prepared_names = itertools.count()  # each `_Prepared` statement's own name
 
 
 class Compiled:
@@ -247,7 +292,9 @@ class Compiled:
     Its parameters are given by name (its bind parameters'), those with values of their
     own (literals in the statement) left out; no type's bind processing is applied."""
 
-    def __init__(self, statement: sa.Insert | sa.Update, dialect: sa.Dialect) -> None:
+    def __init__(
+        self, statement: sa.Insert | sa.Update | sa.Select[Any], dialect: sa.Dialect
+    ) -> None:
         compiled = statement.compile(dialect=dialect)
         self.sql = compiled.string
         self.order = compiled.positiontup if compiled.positional else None
@@ -264,21 +311,26 @@ class Compiled:
             return given
         return tuple(given[key] for key in self.order)
 
-    def run(self, conn: Connection, values: Mapping[str, Any]) -> int | None:
+    def run(
+        self, conn: Connection, values: Mapping[str, Any], *, commit: bool = False
+    ) -> int | None:
         """Run the statement in ``conn``'s transaction (or autocommitted) with no
         SQLAlchemy execution around it and return its row count: psycopg's through
         libpq (``LibpqStatement.redoable``, kept with the DB-API connection; sent whole
         through a transaction pooler), None when the session had lost the prepared
         statement within a transaction, which is then to be rolled back and run again;
-        other drivers' on a cursor of the DB-API connection. The driver's errors raise
-        as SQLAlchemy's ``DBAPIError``, a lost connection invalidated as SQLAlchemy
-        would."""
+        other drivers' on a cursor of the DB-API connection. With ``commit`` (the
+        statement is the last of ``conn``'s transaction), psycopg on a direct connection
+        commits the transaction in the same round trip (``LibpqStatement.committing``)
+        and returns -1, the row count not known (as a DB-API cursor's); elsewhere the
+        transaction is left to its owner. The driver's errors raise as SQLAlchemy's
+        ``DBAPIError``, a lost connection invalidated as SQLAlchemy would."""
         dbapi_connection: Any = conn.connection.dbapi_connection
         if self._libpq:
-            key = (self, "run")
+            key = (self, commit)
             run = conn.info.get(key)
             if run is None:
-                run = conn.info[key] = self._counting(dbapi_connection)
+                run = conn.info[key] = self._counting(dbapi_connection, commit)
             try:
                 return run(values)
             except conn.dialect.loaded_dbapi.Error as exc:
@@ -309,11 +361,13 @@ class Compiled:
         )
         return failure
 
-    def _counting(self, conn: Any) -> Callable[[Mapping[str, Any]], int | None]:
+    def _counting(self, conn: Any, commit: bool) -> Callable[[Mapping[str, Any]], int | None]:
         """psycopg: a function running the statement as ``run`` does on ``conn``."""
         statement, names = self._numbered()
         if conn.prepare_threshold is None:  # behind a transaction pooler
             run = statement.on(conn, prepare=False)
+        elif commit:
+            run = statement.committing(conn)
         else:
             run = statement.redoable(conn)
         params = self.params
@@ -321,7 +375,10 @@ class Compiled:
         def count(values: Mapping[str, Any]) -> int | None:
             given = params(values)
             result = run([given[name] for name in names])
-            return None if result is None else int(result.command_tuples)
+            if result is None:
+                return None
+            tuples = result.command_tuples  # None for the COMMIT
+            return -1 if tuples is None else int(tuples)
 
         return count
 
