@@ -428,9 +428,10 @@ class Mapper:
         return self._checkpoint(tx, job, page)
 
     def _checkpoint(self, tx: Connection | None, job: str, page: _Page) -> _Next | None:
-        """Checkpoint the page (in ``tx``, or on its own: then a page that keeps its range
-        pending is one autocommitted statement where that is free). None: the range moved
-        on (``tx`` is rolled back, or to be)."""
+        """Checkpoint the page: in ``tx``, its last statement (which commits it, where the
+        ledger can, in the same round trip), or on its own (then a page that keeps its
+        range pending is one autocommitted statement where that is free). None: the
+        range moved on (``tx`` is rolled back, or to be)."""
         row, children = page.row, page.children
         after, rows, count_page = page.after, len(page.rows), not page.taken
         going_on = _Next(
