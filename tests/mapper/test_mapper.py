@@ -1109,8 +1109,9 @@ def third_page_trips(
     """The round trips of the third page of a range (its first read the ledger's row, its
     second the first to count itself): as behind a transaction pooler (``pooled``:
     psycopg's ``prepare_threshold`` None, no statement prepared), or on a direct
-    connection. Every page runs on the same connection: the source's statistics, which
-    the first page would read on a connection of their own, are read before it."""
+    connection. Every page runs on the same connection: the pool's idle ones are closed
+    first, and the source's statistics, which the first page would read on a connection
+    of their own, are read before it."""
     assert sql_store(kit).dialect.name == "postgresql"  # libpq's trace
     engine = sql_store(kit).engine
     table, initial = key_table(tables, "sequential", 100)
@@ -1126,6 +1127,7 @@ def third_page_trips(
     try:
         assert mapper.ledger.create(job, spec.dumps(None)[0])
         mapper._hold(job, spec)
+        engine.pool.dispose()
         mapper._statistics(job, spec)
         root, row, steps = KeyRange().id(job), None, []
         for _ in range(2):
