@@ -201,7 +201,7 @@ class LibpqStatement:
             params = _text(values, encoding)
             result = pgconn.exec_prepared(name, params)
             if result.error_field(sqlstate) == _MISSING:
-                prepared.missing = True
+                prepared.lost()
                 if pgconn.transaction_status == failed:
                     return None
                 prepared.ready()
@@ -235,7 +235,7 @@ class LibpqStatement:
             )
             result = pgconn.exec_(head + literals + b"); COMMIT")
             if result.error_field(sqlstate) == _MISSING:
-                prepared.missing = True
+                prepared.lost()
                 return None
             return check(result)
 
@@ -244,7 +244,7 @@ class LibpqStatement:
 
 class _Prepared:
     """A statement to prepare on a psycopg connection under a name of its own: at its
-    first run, and again after the session lost it (``missing``)."""
+    first run, and again after the session lost it."""
 
     __slots__ = ("check", "encoding", "missing", "name", "pgconn", "sql")
 
@@ -261,6 +261,10 @@ class _Prepared:
         if self.missing:
             self.check(self.pgconn.prepare(self.name, self.sql))
             self.missing = False
+
+    def lost(self) -> None:
+        """The session no longer has the statement: prepare it at the next ``ready``."""
+        self.missing = True
 
 
 def _checker(encoding: str) -> Callable[[Any], Any]:
