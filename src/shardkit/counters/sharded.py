@@ -156,25 +156,26 @@ class ShardedCore(CounterCore):
         return self._shards
 
     @rule
-    def wrote(self, seconds: float) -> Program[None]:
+    def wrote(self, seconds: float, writer: object = None) -> Program[None]:
         """Note that a write to this counter's rows took ``seconds`` (its own, or a
-        statement of the caller's: the Django app's counting updates): an automatic
+        statement of the caller's: the Django app's counting updates, whose ``writer``
+        is the ticket of the thread that made it, which picks its shard): an automatic
         counter may grow from it (``counters.sizing``)."""
         if self._sizing is None:
             return
-        window = self._sizing.timed(seconds)
+        window = self._sizing.timed(seconds, writer)
         if window is not None:
             yield from self._sized(self._sizing, window)
 
     def _sized(self, sizing: Sizing, window: Window) -> Program[None]:
-        """After a window of this process's writes (``counters.sizing``): count this
-        process among the counter's writers of this second, and grow the counter when
+        """After a window of this process's writes (``counters.sizing``): count its
+        writers among the counter's writers of this second, and grow the counter when
         it should. Best effort, after a write that stands whatever happens here."""
         second = int(time.time() / WINDOW)
         key = self._writers_key
         try:
             yield from call(Cache.add, key(second), 0, (LOOKBACK + 2) * WINDOW)
-            yield from call(Cache.incr, key(second), 1)
+            yield from call(Cache.incr, key(second), window.writers)
             writers = 0
             if window.contended:  # the seconds before, whole: each writer in one of them
                 seconds = [key(second - ago) for ago in range(1, LOOKBACK + 1)]

@@ -5,8 +5,10 @@ Each writing process times its writes to the store. A write that waits for its r
 lock takes longer than the writer's fastest write by the wait, so over a window of
 ``WINDOW`` seconds the share of the writes' time spent beyond the fastest one (of this
 window and the one before) measures how much they wait. At the end of each window a
-process counts itself among the counter's writers of that second, in the kit's cache
-(shared by the processes: with an in-process cache a process sees only itself). When a
+process counts its writers among the counter's writers of that second, in the kit's
+cache (shared by the processes: with an in-process cache a process sees only itself):
+itself, whose writes are combined into one statement at a time, or each of its
+threads that wrote on a home shard of its own (the Django app's counting updates). When a
 window had at least ``BUSY`` writes spending ``CONTENDED`` or more of their time
 waiting, and the writers of one of the ``LOOKBACK`` seconds before (each writer
 reports once a window, so in one of them at least) outnumber the shards, it grows to as
@@ -37,6 +39,8 @@ class Window(NamedTuple):
     writes: int
     waiting: float
     """The share of the writes' time spent waiting."""
+    writers: int
+    """How many of this process's writers wrote in it."""
 
     @property
     def contended(self) -> bool:
@@ -55,14 +59,17 @@ class Sizing:
         self._start = clock()
         self._quiet_until = 0.0
         self._times: list[float] = []  # the window's writes, in seconds
+        self._writers: set[object] = set()  # the window's writers
         self._fastest_before = float("inf")  # the window before's fastest write
         # Tried, never waited for: a thread finding it taken leaves the window to the
         # one closing it (and a child forked while it was taken never waits on it).
         self._closing = threading.Lock()
 
-    def timed(self, seconds: float) -> Window | None:
-        """Note a write that took ``seconds``; the window, when this write ended one."""
+    def timed(self, seconds: float, writer: object = None) -> Window | None:
+        """Note a write that took ``seconds``, made by ``writer`` (by default the process:
+        one writer); the window, when this write ended one."""
         self._times.append(seconds)
+        self._writers.add(writer)
         now = self._clock()
         if now - self._start < WINDOW or not self._closing.acquire(blocking=False):
             return None
@@ -70,6 +77,7 @@ class Sizing:
             if now - self._start < WINDOW:  # closed by another thread meanwhile
                 return None
             times, self._times, self._start = self._times, [], now
+            writers, self._writers = self._writers, set()
         finally:
             self._closing.release()
         if not times:
@@ -77,7 +85,8 @@ class Sizing:
         fastest = min(min(times), self._fastest_before)
         self._fastest_before = min(times)
         total = sum(times)
-        return Window(len(times), sum(t - fastest for t in times) / total if total else 0.0)
+        waiting = sum(t - fastest for t in times) / total if total else 0.0
+        return Window(len(times), waiting, len(writers))
 
     def grow_to(self, window: Window, writers: int, shards: int) -> int | None:
         """The shard count to grow to after ``window``, ``writers`` having written in

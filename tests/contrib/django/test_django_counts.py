@@ -275,6 +275,47 @@ def test_counting_updates_waiting_on_their_row_grow_the_count_once(
     assert re.search(f"{re.escape(repr(name))} grew from 1 to 4 shards", growths[0])
 
 
+@pytest.mark.parametrize("database", ["postgres"], indirect=True)
+def test_threads_waiting_on_their_row_grow_the_count_to_as_many_shards(
+    database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Eight threads of one process, each writing on a home shard of its own (its
+    ticket), whose counting updates wait on the one row their transactions hold: the
+    object's counter grows once, to eight shards — the process counted as one writer, it
+    would keep its one — and counts exactly."""
+    caplog.set_level(logging.INFO, logger="shardkit")
+    video = Video.objects.create(title="a")
+    counter = video.views.counter  # created with one shard; the threads are its writers
+    stop = threading.Event()
+    done = [0] * 8
+
+    def write(slot: int) -> None:
+        try:
+            while not stop.is_set():
+                with transaction.atomic(using=database):
+                    matched = Video.objects.filter(pk=video.pk).update(views=F("views") + 1)
+                    time.sleep(0.002)  # the rest of the transaction's work, the row held
+                done[slot] += matched
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=write, args=(slot,)) for slot in range(8)]
+    for thread in threads:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 10 * WINDOW
+        while counter.shards == 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert (counter.shards, views(video)) == (8, sum(done))
+    growths = [r.getMessage() for r in caplog.records if "grew" in r.getMessage()]
+    assert len(growths) == 1, growths
+    assert re.search(f"{re.escape(repr(counter.name))} grew from 1 to 8 shards", growths[0])
+
+
 def test_with_counts_reads_a_page_of_counts_in_one_store_query(database: str) -> None:
     videos = [Video.objects.create(title=f"v{i:02}") for i in range(12)]
     for i, video in enumerate(videos):

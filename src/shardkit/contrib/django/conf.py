@@ -170,6 +170,9 @@ def configure() -> Kit:
 def kit() -> Kit:
     """The kit of the Django app: its store is the database ``SHARDKIT['STORE']``."""
     global _kit
+    built = _kit  # read once: ``configure`` may replace it meanwhile
+    if built is not None:
+        return built
     with _lock:
         if _kit is None:  # only if the app's ready() has not run
             _kit = _build()

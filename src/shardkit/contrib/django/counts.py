@@ -254,10 +254,11 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
         query, deferred = self._pending()
         if query.is_sliced:  # a slice adds any filter not yet added
             raise TypeError("Cannot update a query once a slice has been taken.")
-        if self.db != database():
+        db = self.db
+        if db != database():
             raise NotACountingUpdate(
                 f"counts live in database {database()!r} (SHARDKIT['STORE']); this update "
-                f"runs on {self.db!r}, so they could not share its transaction"
+                f"runs on {db!r}, so they could not share its transaction"
             )
         found_by = None  # the sharded count whose statement finds the objects
         if isinstance(self.model._meta.pk, models.IntegerField):
@@ -266,15 +267,15 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
         writes = sum(not counts[name].buffered for name in deltas) + bool(kwargs)
         # One statement or none that writes: no transaction of its own around it.
         single = writes == 0 or (writes == 1 and (found_by or by_pk) is not None)
-        with contextlib.nullcontext() if single else transaction.atomic(using=self.db):
+        with contextlib.nullcontext() if single else transaction.atomic(using=db):
             if found_by is not None:
-                pks = self._count_matched(counts[found_by], deltas[found_by], by_pk)
+                pks = self._count_matched(db, counts[found_by], deltas[found_by], by_pk)
             elif by_pk is not None and kwargs:
                 pks = [by_pk[0]] if self._base().filter(pk=by_pk[0]).update(**kwargs) else []
                 kwargs = {}
             elif by_pk is not None:
                 ttl = min(counts[name].exists_ttl for name in deltas)
-                pks = [by_pk[0]] if self._exists(by_pk[0], ttl) else []
+                pks = [by_pk[0]] if self._exists(db, by_pk[0], ttl) else []
             else:
                 # In key order: concurrent updates take their shard rows' locks in one order.
                 pks = list(self.order_by("pk").values_list("pk", flat=True))
@@ -311,26 +312,29 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
         return base
 
     def _count_matched(
-        self, count: ShardedCount, delta: int, by_pk: tuple[Any] | None
+        self, db: str, count: ShardedCount, delta: int, by_pk: tuple[Any] | None
     ) -> list[Any]:
-        """Add ``delta`` to the sharded ``count`` of every object this queryset matches,
-        in one statement that finds them (in key order, so that concurrent updates take
-        their shard rows' locks in one order) and upserts a shard row of each; return
-        their keys. Each counter's cached value is moved when the transaction commits.
-        Filtered by its key alone (``by_pk``), the statement is made once per model and
-        count, not compiled from the queryset each time, and is given the shards of a
-        counter this process holds open (``writing_shards``) rather than reading them."""
+        """Add ``delta`` to the sharded ``count`` of every object this queryset (on the
+        database ``db``) matches, in one statement that finds them (in key order, so that
+        concurrent updates take their shard rows' locks in one order) and upserts a shard
+        row of each; return their keys. Each counter's cached value is moved when the
+        transaction commits. Filtered by its key alone (``by_pk``), the statement is made
+        once per model and count, not compiled from the queryset each time, and is given
+        the shards of a counter this process holds open (``writing_shards``) rather than
+        reading them; an automatic count's counter held open is the one written."""
         the_kit = kit()
         store = the_kit.store
         assert isinstance(store, DjangoStore)
-        connection = connections[self.db]
+        connection = connections[db]
         pk_field = self.model._meta.pk
         prefix = count.counter_name(self.model, "")
         ticket = _ticket(the_kit)
-        created = 1 if count.shards == "auto" else count.shards  # a new counter's shards
+        auto = count.shards == "auto"
+        created = 1 if auto else count.shards  # a new counter's shards
         tables = (store.shards_table.name, store.counters_table.name)
+        held = None
         if by_pk is not None:
-            sql = _statement(self.db, tables, self.model, "count one")
+            sql = _statement(db, tables, self.model, "count one")
             name = count.counter_name(self.model, by_pk[0])
             pk = pk_field.get_db_prep_value(by_pk[0], connection)
             held = the_kit.held(name)  # its shards known: not read by the statement
@@ -338,8 +342,8 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
             params = [name, ticket, known, name, created, delta, pk]
         else:
             matched = self.order_by("pk").values(shardkit_pk=models.F("pk"))
-            select, selected = matched.query.get_compiler(self.db).as_sql()
-            sql = _statement(self.db, tables, self.model, "count many")
+            select, selected = matched.query.get_compiler(db).as_sql()
+            sql = _statement(db, tables, self.model, "count many")
             sql = sql.replace("{select}", select, 1)
             params = [prefix, ticket, prefix, created, delta, *selected]
         started = time.perf_counter()
@@ -348,34 +352,42 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
         except DatabaseError as exc:
             raise store._error(exc, f"adding to {self.model._meta.label}.{count.name}") from exc
         seconds = time.perf_counter() - started
-        pks = [pk_field.to_python(name[len(prefix) :]) for name in names]
+        if by_pk is not None:
+            pks = [by_pk[0]] if names else []
+        else:
+            pks = [pk_field.to_python(name[len(prefix) :]) for name in names]
         for pk in pks:
-            counter = count.counter(self.model, pk)
-            assert isinstance(counter, ShardedCounter)
-            if by_pk is not None and count.shards == "auto":
-                counter.wrote(seconds)  # one object's write: its counter may grow
-            transaction.on_commit(partial(counter.applied, delta), using=self.db, robust=True)
+            if auto and isinstance(held, ShardedCounter):
+                counter = held
+                counter.size_automatically(store.row_locks)  # as ``Kit.sharded`` would
+            else:
+                opened = count.counter(self.model, pk)
+                assert isinstance(opened, ShardedCounter)
+                counter = opened
+            if by_pk is not None and auto:
+                counter.wrote(seconds, ticket)  # one object's write: its counter may grow
+            connection.on_commit(partial(counter.applied, delta), robust=True)
         return pks
 
-    def _exists(self, pk: Any, ttl: float) -> bool:
-        """Whether the object ``pk`` exists: seen by this process in the last ``ttl``
-        seconds, or else read (one statement, made once per model; a sighting once the
-        transaction commits)."""
+    def _exists(self, db: str, pk: Any, ttl: float) -> bool:
+        """Whether the object ``pk`` exists in ``db``: seen by this process in the last
+        ``ttl`` seconds, or else read (one statement, made once per model; a sighting
+        once the transaction commits)."""
         seen = None
         if ttl:
-            seen = (self.db, self.model._meta.label_lower, self.model._meta.pk.to_python(pk))
+            seen = (db, self.model._meta.label_lower, self.model._meta.pk.to_python(pk))
             if sightings.within(seen, ttl):
                 return True
-        connection = connections[self.db]
+        connection = connections[db]
         store = kit().store
         assert isinstance(store, DjangoStore)
         tables = (store.shards_table.name, store.counters_table.name)
-        sql = _statement(self.db, tables, self.model, "exists")
+        sql = _statement(db, tables, self.model, "exists")
         with connection.cursor() as cursor:
             cursor.execute(sql, [self.model._meta.pk.get_db_prep_value(pk, connection)])
             found = cursor.fetchone() is not None
         if found and seen is not None:
-            transaction.on_commit(partial(sightings.saw, seen), using=self.db)
+            connection.on_commit(partial(sightings.saw, seen))
         return found
 
     update.alters_data = True  # type: ignore[attr-defined]
@@ -516,19 +528,41 @@ def _names(connection: Any, sql: str, params: Sequence[Any], *, one: bool) -> li
     connection.validate_no_broken_transaction()  # as Django's cursor would
     raw = connection.connection
     with connection.wrap_database_errors:
-        prepare = _prepares.get(raw)
-        if prepare is None:  # opened before the app was ready, or on another alias
-            prepare = _may_prepare(raw)
+        session = _sessions.get(raw)
+        if session is None:  # opened before the app was ready, or on another alias
+            session = _Session.of(raw)
+        prepare = session.prepare
         if not raw.autocommit:
             prepare = prepare and raw.prepare_threshold is None
             if raw.pgconn.transaction_status == _IDLE:
-                _begin(raw)
-        runners = _runners.get(raw)
-        if runners is None:
-            runners = _runners[raw] = {}
-        run = runners.get((sql, prepare))
+                begin = _begin(raw.isolation_level, raw.read_only, raw.deferrable)
+                session.run(raw, begin, ())
+        return session.run(raw, sql, params, prepare=prepare)
+
+
+class _Session:
+    """What counting updates keep with one psycopg connection: whether it may prepare
+    statements (not behind a pooler), and a function running each statement through
+    libpq, by SQL and whether prepared."""
+
+    __slots__ = ("prepare", "runners")
+
+    def __init__(self, raw: Any) -> None:
+        self.prepare = not unprepare_behind_pooler(raw)  # one round trip
+        self.runners: dict[tuple[str, bool], _Names] = {}
+
+    @classmethod
+    def of(cls, raw: Any) -> _Session:
+        """The session of ``raw``, made (one round trip) and remembered."""
+        session = _sessions[raw] = cls(raw)
+        return session
+
+    def run(self, raw: Any, sql: str, params: Sequence[Any], *, prepare: bool = False) -> list[str]:
+        """Run the statement ``sql`` (``%s`` parameters) on ``raw``, prepared or not;
+        the names it returns."""
+        run = self.runners.get((sql, prepare))
         if run is None:
-            run = runners[sql, prepare] = _runner(raw, sql, prepare)
+            run = self.runners[sql, prepare] = _runner(raw, sql, prepare)
         return run(params)
 
 
@@ -547,37 +581,25 @@ def _runner(raw: Any, sql: str, prepare: bool) -> _Names:
     return names
 
 
-def _begin(raw: Any) -> None:
-    """Begin psycopg's connection ``raw``'s transaction on the server, as psycopg does
-    before its first statement in one: ``BEGIN`` with the connection's isolation level,
-    read-only and deferrable settings."""
+@functools.lru_cache(maxsize=64)
+def _begin(isolation_level: int | None, read_only: bool | None, deferrable: bool | None) -> str:
+    """The ``BEGIN`` psycopg sends before a transaction's first statement on a connection
+    of these settings."""
     from psycopg import IsolationLevel
 
     parts = ["BEGIN"]
-    if raw.isolation_level is not None:
-        level = IsolationLevel(raw.isolation_level).name.replace("_", " ")
-        parts.append(f"ISOLATION LEVEL {level}")
-    if raw.read_only is not None:
-        parts.append("READ ONLY" if raw.read_only else "READ WRITE")
-    if raw.deferrable is not None:
-        parts.append("DEFERRABLE" if raw.deferrable else "NOT DEFERRABLE")
-    LibpqStatement(" ".join(parts)).on(raw, prepare=False)([])
+    if isolation_level is not None:
+        parts.append(f"ISOLATION LEVEL {IsolationLevel(isolation_level).name.replace('_', ' ')}")
+    if read_only is not None:
+        parts.append("READ ONLY" if read_only else "READ WRITE")
+    if deferrable is not None:
+        parts.append("DEFERRABLE" if deferrable else "NOT DEFERRABLE")
+    return " ".join(parts)
 
 
 _Names = Callable[[Sequence[Any]], list[str]]
 _IDLE = 0  # libpq's PQTRANS_IDLE: no transaction begun on the server
-# Whether each psycopg connection may prepare statements (False behind a pooler), and
-# its counting statements' runners, by SQL and whether prepared.
-_prepares: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-_runners: weakref.WeakKeyDictionary[Any, dict[tuple[str, bool], _Names]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _may_prepare(raw: Any) -> bool:
-    """Find out (one round trip) and remember whether ``raw`` may prepare statements."""
-    prepare = _prepares[raw] = not unprepare_behind_pooler(raw)
-    return prepare
+_sessions: weakref.WeakKeyDictionary[Any, _Session] = weakref.WeakKeyDictionary()
 
 
 def note_pooler(sender: Any, connection: Any, **_: Any) -> None:
@@ -585,7 +607,7 @@ def note_pooler(sender: Any, connection: Any, **_: Any) -> None:
     the store's database, whether it goes through a pooler (one round trip), before any
     request's counting update needs to know."""
     if connection.alias == database() and _psycopg(connection):
-        _may_prepare(connection.connection)
+        _Session.of(connection.connection)
 
 
 def _psycopg(connection: Any) -> bool:
