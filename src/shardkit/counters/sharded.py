@@ -140,7 +140,9 @@ class ShardedCore(CounterCore):
         started = time.perf_counter() if sized else 0.0
         applied = yield from call(Store.add_many, self.name, shard, writes)
         if sized:
-            yield from ShardedCore.wrote.program(self, time.perf_counter() - started)
+            # Its writers: the process, its writes combined; else each thread, on its shard.
+            writer = None if self.roles.store.combinable else ticket
+            yield from ShardedCore.wrote.program(self, time.perf_counter() - started, writer)
         moved = sum(delta for (delta, _), ok in zip(writes, applied, strict=True) if ok)
         if moved:
             yield from call(Adjusting.add, self._value_key, moved)

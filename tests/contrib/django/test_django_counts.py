@@ -276,13 +276,14 @@ def test_counting_updates_waiting_on_their_row_grow_the_count_once(
 
 
 @pytest.mark.parametrize("database", ["postgres"], indirect=True)
+@pytest.mark.parametrize("by", ["update", "incr"])
 def test_threads_waiting_on_their_row_grow_the_count_to_as_many_shards(
-    database: str, caplog: pytest.LogCaptureFixture
+    database: str, by: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Eight threads of one process, each writing on a home shard of its own (its
-    ticket), whose counting updates wait on the one row their transactions hold: the
-    object's counter grows once, to eight shards — the process counted as one writer, it
-    would keep its one — and counts exactly."""
+    ticket), whose writes — counting updates, or ``incr()`` — wait on the one row their
+    transactions hold: the object's counter grows once, to eight shards — the process
+    counted as one writer, it would keep its one — and counts exactly."""
     caplog.set_level(logging.INFO, logger="shardkit")
     video = Video.objects.create(title="a")
     counter = video.views.counter  # created with one shard; the threads are its writers
@@ -293,9 +294,12 @@ def test_threads_waiting_on_their_row_grow_the_count_to_as_many_shards(
         try:
             while not stop.is_set():
                 with transaction.atomic(using=database):
-                    matched = Video.objects.filter(pk=video.pk).update(views=F("views") + 1)
+                    if by == "update":
+                        Video.objects.filter(pk=video.pk).update(views=F("views") + 1)
+                    else:
+                        video.views.incr()
                     time.sleep(0.002)  # the rest of the transaction's work, the row held
-                done[slot] += matched
+                done[slot] += 1
         finally:
             connections.close_all()
 
