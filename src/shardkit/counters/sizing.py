@@ -8,7 +8,8 @@ window and the one before) measures how much they wait. At the end of each windo
 process counts its writers among the counter's writers of that second, in the kit's
 cache (shared by the processes: with an in-process cache a process sees only itself):
 itself, whose writes are combined into one statement at a time, or each of its
-threads that wrote on a home shard of its own (the Django app's counting updates). When a
+threads that wrote on a home shard of its own (on the Django store, which combines
+nothing: each write is part of its caller's transaction). When a
 window had at least ``BUSY`` writes spending ``CONTENDED`` or more of their time
 waiting, and the writers of one of the ``LOOKBACK`` seconds before (each writer
 reports once a window, so in one of them at least) outnumber the shards, it grows to as

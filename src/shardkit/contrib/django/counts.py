@@ -321,7 +321,7 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
         transaction commits. Filtered by its key alone (``by_pk``), the statement is made
         once per model and count, not compiled from the queryset each time, and is given
         the shards of a counter this process holds open (``writing_shards``) rather than
-        reading them; an automatic count's counter held open is the one written."""
+        reading them."""
         the_kit = kit()
         store = the_kit.store
         assert isinstance(store, DjangoStore)
@@ -332,7 +332,6 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
         auto = count.shards == "auto"
         created = 1 if auto else count.shards  # a new counter's shards
         tables = (store.shards_table.name, store.counters_table.name)
-        held = None
         if by_pk is not None:
             sql = _statement(db, tables, self.model, "count one")
             name = count.counter_name(self.model, by_pk[0])
@@ -357,13 +356,8 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
         else:
             pks = [pk_field.to_python(name[len(prefix) :]) for name in names]
         for pk in pks:
-            if auto and isinstance(held, ShardedCounter):
-                counter = held
-                counter.size_automatically(store.row_locks)  # as ``Kit.sharded`` would
-            else:
-                opened = count.counter(self.model, pk)
-                assert isinstance(opened, ShardedCounter)
-                counter = opened
+            counter = count.counter(self.model, pk)
+            assert isinstance(counter, ShardedCounter)
             if by_pk is not None and auto:
                 counter.wrote(seconds, ticket)  # one object's write: its counter may grow
             connection.on_commit(partial(counter.applied, delta), robust=True)
