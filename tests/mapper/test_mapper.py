@@ -370,6 +370,47 @@ def test_a_batch_holds_its_rows_as_read_and_as_dicts(kit: shardkit.Kit, tables: 
     assert sorted(row for page in pages for row in page) == read
 
 
+@pytest.mark.parametrize("columns", ["plain", "converted", "expanded"])
+def test_pages_whose_values_need_no_conversion_are_read_past_sqlalchemy(
+    kit: shardkit.Kit, tables: Tables, columns: str
+) -> None:
+    """A page statement runs through SQLAlchemy until a page has rows to show how they
+    are made, then on the driver's cursor alone — unless a type converts values to or
+    from the driver (a ``TypeDecorator``), or a parameter is expanded at execution (an
+    ``IN`` list): then every page goes through SQLAlchemy. The pages are the same."""
+    table = tables.create(
+        "direct",
+        _pk("id", sa.Integer),
+        sa.Column("v", Tenfold if columns == "converted" else sa.Integer, nullable=False),
+    )
+    with tables.engine.begin() as conn:
+        conn.execute(table.insert(), [{"id": i, "v": i} for i in range(1, 51)])
+    source: Any = table
+    if columns == "expanded":
+        source = sa.select(table).where(table.c.id.in_(list(range(1, 51))))
+    read: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "ORDER BY" in statement and "LIMIT" in statement:
+            read.append(statement)
+
+    seen: list[tuple[int, int]] = []
+    sa.event.listen(tables.engine, "before_cursor_execute", count)
+    try:
+
+        def fn(batch: Batch) -> None:
+            seen.extend((row.id, row.v) for row in batch.records)
+
+        status = kit.map(source, fn, key="id", page_size=10, fanout=1).wait(WAIT)
+    finally:
+        sa.event.remove(tables.engine, "before_cursor_execute", count)
+    tenfold = 10 if columns == "converted" else 1
+    assert sorted(seen) == [(i, tenfold * i) for i in range(1, 51)]
+    assert (status.rows, status.pages) == (50, 6)  # five full pages, then an empty one
+    # Plain: the first page, and the first after a checkpoint (a statement of its own).
+    assert len(read) == (2 if columns == "plain" else 6)
+
+
 def test_a_page_held_through_fn_leaves_the_collector_none_of_its_rows(
     kit: shardkit.Kit, tables: Tables
 ) -> None:

@@ -114,6 +114,13 @@ class Records(Sequence[Row[Any]]):
         """All of ``result``'s rows, taken ``_PART`` at a time."""
         return cls(itertools.chain.from_iterable(result.partitions(_PART)))
 
+    def again(self, values: list[tuple[Any, ...]]) -> Records:
+        """Rows of the same columns as these, made as these are, of ``values``: tuples of
+        a row's values each, as these rows' result would give them."""
+        records = Records.__new__(Records)
+        records._values, records._fields, records._make = values, self._fields, self._make
+        return records
+
     def __len__(self) -> int:
         return len(self._values)
 

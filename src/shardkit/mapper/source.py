@@ -28,6 +28,7 @@ from sqlalchemy.sql.expression import ClauseElement, Executable
 from shardkit.errors import ConfigurationError
 from shardkit.mapper.job import Records
 from shardkit.mapper.keys import Key, KeyRange
+from shardkit.store.sql.dialect import Compiled
 
 _COMPARE = {"lo": operator.ge, "hi": operator.lt, "after": operator.gt}
 
@@ -106,8 +107,8 @@ class TableSource:
         self._columns = [self._from.c[name] for name in names]
         # Where the key's columns are in a page's rows (all the source's columns).
         self._positions = [list(self._from.c.keys()).index(name) for name in names]
-        # Statements by shape (see _edges), built once.
-        self._pages: dict[tuple[str, ...], sa.Select[Any]] = {}
+        # Page statements by dialect and shape (see _edges), built once.
+        self._pages: dict[tuple[sa.Dialect, tuple[str, ...]], _PageQuery] = {}
         self._ties: sa.Select[Any] | None = None
         # A key the table declares unique (its primary key, a unique constraint or
         # index) holds no two rows equal under its collation: no page ends inside ties.
@@ -154,16 +155,17 @@ class TableSource:
 
     def page(self, conn: Connection, rng: KeyRange, after: Key | None, limit: int) -> Records:
         edges, params = self._edges(rng, after)
-        statement = self._pages.get(edges)
-        if statement is None:
-            statement = self._pages[edges] = (
+        query = self._pages.get((conn.dialect, edges))
+        if query is None:
+            statement = (
                 sa.select(self._from)
                 .where(*self._where(edges))
                 .order_by(*self._columns)
                 .limit(sa.bindparam("shardkit_limit", type_=sa.Integer))
             )
+            query = self._pages[conn.dialect, edges] = _PageQuery(statement, conn.dialect)
         params["shardkit_limit"] = limit
-        rows = Records.read(conn.execute(statement, params))
+        rows = query.read(conn, params)
         if len(rows) == limit and not self._unique and _may_tie(self.key_of(rows[-1])):
             return self._with_ties(conn, rows)
         return rows
@@ -270,6 +272,47 @@ class TableSource:
             autoload_with=engine,
         )
         return cls(table, description["key"])
+
+
+class _PageQuery:
+    """A page statement of a table source on one dialect. Its pages are read through
+    SQLAlchemy until one holds rows; from then on, where nothing converts values on
+    their way to or from the driver (no type's bind or result processing, no parameter
+    expanded at execution), on a cursor of the DB-API connection alone
+    (``Compiled.fetch``: no SQLAlchemy execution, no row made but those fn reads), each
+    page's rows made as that first page's are. Thread-safe."""
+
+    __slots__ = ("direct", "like", "statement")
+
+    def __init__(self, statement: sa.Select[Any], dialect: sa.Dialect) -> None:
+        self.statement = statement
+        compiled = Compiled(statement, dialect)
+        self.direct = compiled if compiled.plain else None
+        self.like: Records | None = None  # makes rows as the first page read did
+
+    def read(self, conn: Connection, params: dict[str, Any]) -> Records:
+        direct, like = self.direct, self.like
+        if direct is not None and like is not None:
+            return like.again(direct.fetch(conn, params))
+        result = conn.execute(self.statement, params)
+        described = None if direct is None else result.cursor.description
+        rows = Records.read(result)
+        if described is not None and rows:
+            if _converts(self.statement, described, conn.dialect):
+                self.direct = None
+            else:
+                self.like = rows.again([])
+        return rows
+
+
+def _converts(statement: sa.Select[Any], described: Sequence[Any], dialect: sa.Dialect) -> bool:
+    """Whether a result of ``statement`` converts a column's values from the driver's (a
+    result processor of its type for the type code the cursor ``described``)."""
+    columns = statement.selected_columns
+    return len(columns) != len(described) or any(
+        column.type.dialect_impl(dialect).result_processor(dialect, description[1]) is not None
+        for column, description in zip(columns, described, strict=True)
+    )
 
 
 class Explain(Executable, ClauseElement):

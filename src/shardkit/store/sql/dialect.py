@@ -10,7 +10,7 @@ import importlib
 import itertools
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -18,6 +18,7 @@ from sqlalchemy.exc import DBAPIError, StatementError
 
 from shardkit.validation import MAX_NAME_LENGTH
 
+_T = TypeVar("_T")
 _Merge = Callable[[Any, Any], Any]  # (existing column, incoming value) -> new value
 
 
@@ -267,6 +268,15 @@ class _Prepared:
         self.missing = True
 
 
+def _row_count(cursor: Any) -> int:
+    return int(cursor.rowcount)
+
+
+def _all_rows(cursor: Any) -> list[Any]:
+    rows = cursor.fetchall()
+    return rows if isinstance(rows, list) else list(rows)
+
+
 def _checker(encoding: str) -> Callable[[Any], Any]:
     """A function returning a libpq result that succeeded, raising psycopg's error for
     one that failed."""
@@ -308,6 +318,12 @@ class Compiled:
             for name, value in compiled.construct_params(_check=False).items()
             if not compiled.binds[name].required
         }
+        # Whether its parameters reach the driver as given: no type processes them and
+        # none is expanded at execution (an ``IN`` list's).
+        self.plain = not compiled.post_compile_params and all(
+            bind.type.dialect_impl(dialect).bind_processor(dialect) is None
+            for bind in compiled.binds.values()
+        )
 
     def params(self, values: Mapping[str, Any]) -> Any:
         given = {**self._own, **values} if self._own else values
@@ -329,20 +345,33 @@ class Compiled:
         and returns -1, the row count not known (as a DB-API cursor's); elsewhere the
         transaction is left to its owner. The driver's errors raise as SQLAlchemy's
         ``DBAPIError``, a lost connection invalidated as SQLAlchemy would."""
-        dbapi_connection: Any = conn.connection.dbapi_connection
         if self._libpq:
             key = (self, commit)
             run = conn.info.get(key)
             if run is None:
+                dbapi_connection = conn.connection.dbapi_connection
                 run = conn.info[key] = self._counting(dbapi_connection, commit)
             try:
                 return run(values)
             except conn.dialect.loaded_dbapi.Error as exc:
                 raise self._failure(conn, values, None, exc) from exc
+        return self._on_cursor(conn, values, _row_count)
+
+    def fetch(self, conn: Connection, values: Mapping[str, Any]) -> list[Any]:
+        """Run the query in ``conn``'s transaction (or autocommitted) on a cursor of the
+        DB-API connection, with no SQLAlchemy execution around it, and return its rows
+        as the driver makes them (no type's result processing); errors as ``run``'s."""
+        return self._on_cursor(conn, values, _all_rows)
+
+    def _on_cursor(
+        self, conn: Connection, values: Mapping[str, Any], take: Callable[[Any], _T]
+    ) -> _T:
+        """``take`` of a cursor of ``conn``'s DB-API connection that ran the statement."""
+        dbapi_connection: Any = conn.connection.dbapi_connection
         cursor = dbapi_connection.cursor()
         try:
             cursor.execute(self.sql, self.params(values))
-            return int(cursor.rowcount)
+            return take(cursor)
         except conn.dialect.loaded_dbapi.Error as exc:
             raise self._failure(conn, values, cursor, exc) from exc
         finally:
