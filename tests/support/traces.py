@@ -12,6 +12,9 @@ from django.db import connections
 
 # A reply of the server in libpq's trace: "B <length> CommandComplete "SELECT 3"".
 _COMMAND_COMPLETE = re.compile(r'^B\t\d+\tCommandComplete\t "(\w+)', re.MULTILINE)
+# What ends a round trip the client starts, in libpq's trace: a simple query (its text)
+# or the Sync closing an extended query's messages.
+_SENT = re.compile(r'^F\t\d+\t(?:Query\t "(.*)"|(Sync))$', re.MULTILINE)
 
 
 @contextlib.contextmanager
@@ -42,3 +45,25 @@ def statements_run(alias: str) -> Iterator[list[str]]:
             raw.pgconn.untrace()  # flushes the trace
             trace.seek(0)
             ran += _COMMAND_COMPLETE.findall(trace.read().decode())
+
+
+@contextlib.contextmanager
+def queries_sent(alias: str) -> Iterator[list[str]]:
+    """The round trips this thread's Django connection ``alias`` (PostgreSQL) started
+    with the server inside the block, as libpq's trace of the wire shows them: a simple
+    query's text, or ``"extended"`` for an extended query (Parse, Bind, Execute, Sync)."""
+    connection = connections[alias]
+    connection.ensure_connection()
+    raw: Any = connection.connection
+    sent: list[str] = []
+    from psycopg import pq
+
+    with tempfile.TemporaryFile() as trace:
+        raw.pgconn.trace(trace.fileno())
+        raw.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            yield sent
+        finally:
+            raw.pgconn.untrace()
+            trace.seek(0)
+            sent += [text or "extended" for text, _ in _SENT.findall(trace.read().decode())]

@@ -28,7 +28,7 @@ from shardkit.contrib.django.store import DjangoStore
 from shardkit.counters import sharded
 from shardkit.counters.sizing import LOOKBACK, WINDOW
 from shardkit.errors import InvalidDelta, InvalidShardCount, ValidationError
-from traces import statements_run
+from traces import queries_sent, statements_run
 from videos.models import Video
 
 pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
@@ -417,6 +417,35 @@ def test_a_counting_update_first_in_a_transaction_begins_it_as_psycopg_would(
     assert views(video) == 0
     assert Video.objects.filter(pk=video.pk).update(views=F("views") + 1) == 1  # autocommit
     assert views(video) == 1
+
+
+@pytest.mark.parametrize("database", ["postgres"], indirect=True)
+def test_a_counting_update_first_in_a_transaction_sends_its_begin_with_it(database: str) -> None:
+    """Where it runs prepared (not behind a pooler), the statement of a counting update
+    by key that is the first of its transaction goes with the transaction's BEGIN, in
+    one round trip (psycopg sends its BEGIN on its own); a second statement of the
+    transaction is one more, and the COMMIT another."""
+    connection = connections[database]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pooled = cursor.fetchone()[0] != connection.connection.info.backend_pid
+    video = Video.objects.create(title="a")
+    assert Video.objects.filter(pk=video.pk).update(views=F("views") + 1) == 1  # opened
+    with transaction.atomic(using=database):  # prepared at its first run on a connection
+        assert Video.objects.filter(pk=video.pk).update(views=F("views") + 2) == 1
+    with queries_sent(database) as sent, transaction.atomic(using=database):
+        assert Video.objects.filter(pk=video.pk).update(views=F("views") + 3) == 1
+        assert Video.objects.filter(pk=video.pk).update(views=F("views") + 4) == 1
+    if pooled:  # BEGIN, then each statement sent whole
+        assert sent == ["extended", "extended", "extended", "COMMIT"]
+    else:
+        assert sent[0].startswith("BEGIN; EXECUTE "), sent
+        assert sent[1:] == ["extended", "COMMIT"]
+    assert views(video) == 10
+    with transaction.atomic(using=database):
+        assert Video.objects.filter(pk=video.pk).update(views=F("views") + 5) == 1
+        transaction.set_rollback(True, using=database)
+    assert views(video) == 10
 
 
 def test_a_counting_statement_is_seen_by_execute_wrappers_and_the_query_log(

@@ -525,25 +525,27 @@ def _names(connection: Any, sql: str, params: Sequence[Any], *, one: bool) -> li
         session = _sessions.get(raw)
         if session is None:  # opened before the app was ready, or on another alias
             session = _Session.of(raw)
-        prepare = session.prepare
+        prepare, begin = session.prepare, None
         if not raw.autocommit:
             prepare = prepare and raw.prepare_threshold is None
             if raw.pgconn.transaction_status == _IDLE:
                 begin = _begin(raw.isolation_level, raw.read_only, raw.deferrable)
-                session.run(raw, begin, ())
-        return session.run(raw, sql, params, prepare=prepare)
+                if not prepare:
+                    session.run(raw, begin, ())
+                    begin = None
+        return session.run(raw, sql, params, prepare=prepare, begin=begin)
 
 
 class _Session:
     """What counting updates keep with one psycopg connection: whether it may prepare
     statements (not behind a pooler), and a function running each statement through
-    libpq, by SQL and whether prepared."""
+    libpq, by SQL, whether prepared, and the ``BEGIN`` sent with it."""
 
     __slots__ = ("prepare", "runners")
 
     def __init__(self, raw: Any) -> None:
         self.prepare = not unprepare_behind_pooler(raw)  # one round trip
-        self.runners: dict[tuple[str, bool], _Names] = {}
+        self.runners: dict[tuple[str, bool, str | None], _Names] = {}
 
     @classmethod
     def of(cls, raw: Any) -> _Session:
@@ -551,21 +553,36 @@ class _Session:
         session = _sessions[raw] = cls(raw)
         return session
 
-    def run(self, raw: Any, sql: str, params: Sequence[Any], *, prepare: bool = False) -> list[str]:
-        """Run the statement ``sql`` (``%s`` parameters) on ``raw``, prepared or not;
-        the names it returns."""
-        run = self.runners.get((sql, prepare))
+    def run(
+        self,
+        raw: Any,
+        sql: str,
+        params: Sequence[Any],
+        *,
+        prepare: bool = False,
+        begin: str | None = None,
+    ) -> list[str]:
+        """Run the statement ``sql`` (``%s`` parameters) on ``raw``, prepared or not,
+        prepared as the first of a transaction it begins with ``begin`` in the same
+        round trip; the names it returns."""
+        key = (sql, prepare, begin)
+        run = self.runners.get(key)
         if run is None:
-            run = self.runners[sql, prepare] = _runner(raw, sql, prepare)
+            run = self.runners[key] = _runner(raw, sql, prepare, begin)
         return run(params)
 
 
-def _runner(raw: Any, sql: str, prepare: bool) -> _Names:
+def _runner(raw: Any, sql: str, prepare: bool, begin: str | None) -> _Names:
     """A function running the counting statement ``sql`` (``%s`` parameters) on psycopg's
-    connection ``raw`` through libpq; it returns the names the statement returns."""
+    connection ``raw`` through libpq (after ``begin``, in one round trip, if given); it
+    returns the names the statement returns."""
     numbers = iter(range(1, sql.count("%s") + 1))
     text = re.sub(r"%s|%%", lambda m: "%" if m[0] == "%%" else f"${next(numbers)}", sql)
-    run = LibpqStatement(text).on(raw, prepare=prepare, now=True)
+    statement = LibpqStatement(text)
+    if begin is None:
+        run = statement.on(raw, prepare=prepare, now=True)
+    else:
+        run = statement.beginning(raw, begin)
     encoding: str = raw.info.encoding
 
     def names(params: Sequence[Any]) -> list[str]:

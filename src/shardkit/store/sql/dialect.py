@@ -223,21 +223,44 @@ class LibpqStatement:
         from psycopg import pq
 
         prepared = _Prepared(conn, self.sql)
-        pgconn, check, encoding = prepared.pgconn, prepared.check, prepared.encoding
+        pgconn, check = prepared.pgconn, prepared.check
         sqlstate = pq.DiagnosticField.SQLSTATE
-        escape = pq.Escaping(pgconn).escape_literal
-        head = b"EXECUTE " + prepared.name + b"("
 
         def run(values: Sequence[int | str]) -> Any | None:
             prepared.ready()
-            literals = b", ".join(
-                escape(value.encode(encoding)) if isinstance(value, str) else b"%d" % value
-                for value in values
-            )
-            result = pgconn.exec_(head + literals + b"); COMMIT")
+            result = pgconn.exec_(prepared.execute(values) + b"; COMMIT")
             if result.error_field(sqlstate) == _MISSING:
                 prepared.lost()
                 return None
+            return check(result)
+
+        return run
+
+    def beginning(self, conn: Any, begin: str) -> Callable[[Sequence[int | str]], Any]:
+        """A function that begins a transaction on ``conn``, which has none begun on the
+        server, with the statement ``begin`` (a ``BEGIN``) and runs this statement first
+        in it, in one round trip: one simple query, ``BEGIN …; EXECUTE name(…)``, the
+        statement prepared as ``redoable`` prepares it, its values (one at least) sent
+        as literals. Returns the statement's libpq result, raising psycopg's error for a
+        failed one (the transaction aborted). If the session had lost the statement, the
+        transaction, in which nothing ran, is rolled back and the query sent again, the
+        statement prepared first. To keep with the connection."""
+        from psycopg import pq
+
+        prepared = _Prepared(conn, self.sql)
+        pgconn, check = prepared.pgconn, prepared.check
+        sqlstate = pq.DiagnosticField.SQLSTATE
+        head = begin.encode(prepared.encoding) + b"; "
+
+        def run(values: Sequence[int | str]) -> Any:
+            prepared.ready()
+            query = head + prepared.execute(values)
+            result = pgconn.exec_(query)
+            if result.error_field(sqlstate) == _MISSING:
+                prepared.lost()
+                check(pgconn.exec_(b"ROLLBACK"))
+                prepared.ready()
+                result = pgconn.exec_(query)
             return check(result)
 
         return run
@@ -247,15 +270,28 @@ class _Prepared:
     """A statement to prepare on a psycopg connection under a name of its own: at its
     first run, and again after the session lost it."""
 
-    __slots__ = ("check", "encoding", "missing", "name", "pgconn", "sql")
+    __slots__ = ("check", "encoding", "escape", "head", "missing", "name", "pgconn", "sql")
 
     def __init__(self, conn: Any, sql: str) -> None:
+        from psycopg import pq
+
         self.encoding: str = conn.info.encoding
         self.sql = sql.encode(self.encoding)
         self.pgconn = conn.pgconn
         self.check = _checker(self.encoding)
         self.name = b"shardkit_prepared_%d" % next(_prepared_names)
         self.missing = True
+        self.escape = pq.Escaping(self.pgconn).escape_literal
+        self.head = b"EXECUTE " + self.name + b"("
+
+    def execute(self, values: Sequence[int | str]) -> bytes:
+        """``EXECUTE name(…)`` of ``values`` (one at least), each a literal."""
+        escape, encoding = self.escape, self.encoding
+        literals = b", ".join(
+            escape(value.encode(encoding)) if isinstance(value, str) else b"%d" % value
+            for value in values
+        )
+        return self.head + literals + b")"
 
     def ready(self) -> None:
         """Prepare the statement if the session does not have it."""
