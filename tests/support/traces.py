@@ -34,17 +34,9 @@ def statements_run(alias: str) -> Iterator[list[str]]:
         finally:
             raw.set_trace_callback(None)
         return
-    from psycopg import pq
-
-    with tempfile.TemporaryFile() as trace:
-        raw.pgconn.trace(trace.fileno())
-        raw.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
-        try:
-            yield ran
-        finally:
-            raw.pgconn.untrace()  # flushes the trace
-            trace.seek(0)
-            ran += _COMMAND_COMPLETE.findall(trace.read().decode())
+    with _wire(raw) as wire:
+        yield ran
+    ran += _COMMAND_COMPLETE.findall(wire[0])
 
 
 @contextlib.contextmanager
@@ -54,16 +46,25 @@ def queries_sent(alias: str) -> Iterator[list[str]]:
     query's text, or ``"extended"`` for an extended query (Parse, Bind, Execute, Sync)."""
     connection = connections[alias]
     connection.ensure_connection()
-    raw: Any = connection.connection
     sent: list[str] = []
+    with _wire(connection.connection) as wire:
+        yield sent
+    sent += [text or "extended" for text, _ in _SENT.findall(wire[0])]
+
+
+@contextlib.contextmanager
+def _wire(raw: Any) -> Iterator[list[str]]:
+    """libpq's trace of psycopg's connection ``raw`` inside the block: the list yielded
+    holds its text once the block ends."""
     from psycopg import pq
 
+    text: list[str] = []
     with tempfile.TemporaryFile() as trace:
         raw.pgconn.trace(trace.fileno())
         raw.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
         try:
-            yield sent
+            yield text
         finally:
-            raw.pgconn.untrace()
+            raw.pgconn.untrace()  # flushes the trace
             trace.seek(0)
-            sent += [text or "extended" for text, _ in _SENT.findall(trace.read().decode())]
+            text.append(trace.read().decode())

@@ -505,10 +505,11 @@ def _names(connection: Any, sql: str, params: Sequence[Any], *, one: bool) -> li
     """The names the counting statement ``sql`` returns, run on Django's ``connection`` in
     its transaction. The statement of ``one`` object (parameters of ``int`` and ``str``), on
     PostgreSQL through psycopg 3, runs through libpq directly (``LibpqStatement``), as
-    psycopg would run it (a transaction Django has begun is begun on the server first),
-    prepared where psycopg never deallocates it (not behind a pooler; in a transaction,
-    only while psycopg prepares nothing of its own): the server plans it once per
-    connection, and neither Django's cursor wrapper nor psycopg's cursor is paid —
+    psycopg would run it (a transaction Django has begun is begun on the server first:
+    prepared, the statement goes with its ``BEGIN``, in one round trip), prepared where
+    psycopg never deallocates it (not behind a pooler; in a transaction, only while
+    psycopg prepares nothing of its own): the server plans it once per connection, and
+    neither Django's cursor wrapper nor psycopg's cursor is paid —
     unless something watches Django's cursors (an execute wrapper, as instrumentation
     installs; the query log, with ``DEBUG`` or in a test's ``assertNumQueries``).
     Otherwise it goes through Django's cursor."""
@@ -562,9 +563,9 @@ class _Session:
         prepare: bool = False,
         begin: str | None = None,
     ) -> list[str]:
-        """Run the statement ``sql`` (``%s`` parameters) on ``raw``, prepared or not,
-        prepared as the first of a transaction it begins with ``begin`` in the same
-        round trip; the names it returns."""
+        """Run the statement ``sql`` (``%s`` parameters) on ``raw``, prepared or not
+        (with ``begin``: prepared, sent with that ``BEGIN`` of a transaction in one
+        round trip); the names it returns."""
         key = (sql, prepare, begin)
         run = self.runners.get(key)
         if run is None:
