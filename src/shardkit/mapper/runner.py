@@ -177,7 +177,9 @@ class Mapper:
         if not self.ledger.create(job, text):
             self.resume(job)
             return Job(self, job)
-        self._submit(job, [KeyRange().id(job)])
+        # Once the job is there to be seen: a Django store's caller may hold it in a
+        # transaction, which the range's task, on another connection, would not see.
+        self.store.after_commit(lambda: self._submit(job, [KeyRange().id(job)]))
         return Job(self, job)
 
     def job(self, job: str) -> Job:
@@ -216,7 +218,7 @@ class Mapper:
         self._set_state(job, RUNNING, when=[RUNNING, FAILED])
         self.ledger.reset_failures(job)
         pending = self.ledger.pending(job)
-        self._submit(job, pending)
+        self.store.after_commit(lambda: self._submit(job, pending))
         if not pending:
             self._complete(job, spec)
         return len(pending)

@@ -51,6 +51,12 @@ class LedgerStore(Protocol):
         """Run a query and return its rows (outside any transaction with ``autocommit``)."""
         ...
 
+    def after_commit(self, action: Callable[[], object]) -> None:
+        """Call ``action`` once what this thread wrote through the store is committed:
+        at once where the store's transactions are its own, when the caller's
+        transaction commits where they are its caller's (never, if it rolls back)."""
+        ...
+
     def create_tables(self, metadata: sa.MetaData, upgrade: Callable[[Connection], None]) -> None:
         """Create ``metadata``'s tables where missing, then run ``upgrade`` in the same
         transaction; concurrent creators may race."""

@@ -11,7 +11,8 @@ from django.core.management import call_command
 from django.db import transaction
 from django.db.models import F
 
-from shardkit import Batch, Completion, ConfigurationError
+from executors import HeldExecutor
+from shardkit import Batch, Completion, ConfigurationError, JobNotFound
 from shardkit.contrib.django import kit
 from shardkit.contrib.django.source import QuerySetSource
 from shardkit.mapper.spec import Signer
@@ -108,6 +109,38 @@ def test_jobs_command_lists_and_shows_jobs(
     assert "50" in shown
     with pytest.raises(Exception, match="no job"):
         call_command("shardkit_jobs", "status", "no-such-job")
+
+
+@pytest.mark.parametrize("ending", ["commit", "rollback"])
+def test_a_job_started_in_an_atomic_block_runs_once_the_block_commits(
+    database: str, settings: Any, ending: str
+) -> None:
+    """The job is recorded in the caller's transaction, which other connections do not
+    see until it commits: its first task is submitted then, not before (a task run
+    before would find no job to run, and the job would wait for ever); a block that
+    rolls back leaves no job and submits nothing."""
+    held = HeldExecutor()
+    settings.SHARDKIT = {**settings.SHARDKIT, "EXECUTOR": held, "SECRET": "s" * 32}
+    make_accounts(10)
+    with transaction.atomic(using=database):
+        job = kit().map(Account.objects.all(), add_one, transactional=True, page_size=4)
+        assert held.submitted == []  # the job is not there yet for a worker to see
+        transaction.set_rollback(ending == "rollback", using=database)
+    if ending == "rollback":
+        assert held.submitted == []
+        with pytest.raises(JobNotFound):
+            job.status()
+        return
+    assert len(held.submitted) == 1  # the root range's task, once the block commits
+    while held.submitted:  # each task as a worker runs it: the root, then its children
+        _, args = held.submitted.pop()
+        kit().mapper.run_range(args["job"], args["range"])
+    assert job.wait(timeout=60).rows == 10
+    assert set(Account.objects.values_list("balance", flat=True)) == {1}
+
+
+def add_one(batch: Batch) -> None:
+    Account.objects.filter(pk__in=[r.pk for r in batch.rows]).update(balance=F("balance") + 1)
 
 
 def test_a_transactional_page_joins_no_outer_transaction(database: str) -> None:

@@ -11,7 +11,7 @@ transaction is open commits or rolls back with it, and Django's ``on_commit`` ho
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -160,6 +160,11 @@ class DjangoStore(SqlStore):
         there it fails the caller's transaction if it fails, as an ORM query would (on
         Django's connection, AUTOCOMMIT is a flag of the stand-in, free to set)."""
         return super().read(action, statement, autocommit=True)
+
+    def after_commit(self, action: Callable[[], object]) -> None:
+        """Call ``action`` when the caller's transaction commits (now, outside one;
+        never, if it rolls back)."""
+        transaction.on_commit(action, using=self.alias)
 
     def fast_add(self, params: Mapping[str, Any]) -> None:
         try:

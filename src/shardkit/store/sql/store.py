@@ -98,6 +98,11 @@ class SqlStore(SqlCore, Blocking):
         except SQLAlchemyError as exc:
             raise self._error(exc, action) from exc
 
+    def after_commit(self, action: Callable[[], object]) -> None:
+        """Call ``action`` now: a transaction of the store's own has committed when it
+        returns."""
+        action()
+
     def read(self, action: str, statement: sa.Executable, *, autocommit: bool = False) -> list[Any]:
         """Run a query and return its rows; with ``autocommit``, outside any transaction
         (no BEGIN or ROLLBACK around it: it sees whatever was committed before it)."""
