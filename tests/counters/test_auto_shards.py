@@ -135,13 +135,16 @@ def _row_held(store_url: str, name: str) -> Iterator[None]:
         engine.dispose()
 
 
+GROWN = 30.0  # seconds: a deadline for a counter to grow, never a pause
+
+
 def _report_writers(kit: shardkit.Kit, name: str, writers: int) -> None:
-    """Count ``writers`` more writers of ``name`` in every second of a test's run, as
-    other processes would count themselves."""
+    """Count ``writers`` more writers of ``name`` in every second of a test's run (up to
+    ``GROWN`` seconds from now), as other processes would count themselves."""
     second = int(time.time() / WINDOW)
-    for offset in range(-LOOKBACK, 4):
+    for offset in range(-LOOKBACK, int(GROWN / WINDOW) + 2):
         key = kit.settings.cache_key(name, f"sharded:writers:{second + offset}")
-        kit.cache.add(key, writers, 60)
+        kit.cache.add(key, writers, 2 * GROWN)
 
 
 def _growths() -> float:
@@ -173,8 +176,8 @@ def test_a_growth_is_logged_once_with_its_measure(
         grown_before = _growths()
         _report_writers(kit, name, 3)
         with _row_held(store_url, name):
-            end = time.monotonic() + 2.5 * WINDOW
-            while time.monotonic() < end:
+            end = time.monotonic() + GROWN
+            while not _logged_growths(caplog) and time.monotonic() < end:
                 counter.incr()
         assert counter.shards == 4
     assert _growths() == grown_before + 1  # counted in the metrics, once
@@ -202,8 +205,10 @@ def test_an_async_counter_waiting_on_its_row_grows_once_and_counts_exactly(
             counter = await kit.sharded(name)
             done = 0
             with _row_held(store_url, name):
-                end = time.monotonic() + 2.5 * WINDOW
-                while time.monotonic() < end:  # two writers at a time, combined or not
+                end = time.monotonic() + GROWN
+                # Two writers at a time, combined or not, until the counter grows: a
+                # window of writes waiting on the row, as many as BUSY, however long.
+                while not _logged_growths(caplog) and time.monotonic() < end:
                     await asyncio.gather(counter.incr(), counter.incr())
                     done += 2
             return await counter.shards(), await counter.value(fresh=True), done
