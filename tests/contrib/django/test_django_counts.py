@@ -22,8 +22,10 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from executors import HeldExecutor
-from shardkit.contrib.django import CountingQuerySet, NotACountingUpdate, ShardedCount, counts, kit
-from shardkit.contrib.django.counts import DEFAULT_EXISTS_TTL, check_managers
+from shardkit.contrib.django import CountingQuerySet, NotACountingUpdate, ShardedCount, kit
+from shardkit.contrib.django import statements as counting
+from shardkit.contrib.django.counts import DEFAULT_EXISTS_TTL
+from shardkit.contrib.django.querysets import check_managers
 from shardkit.contrib.django.store import DjangoStore
 from shardkit.counters import sharded
 from shardkit.counters.sizing import LOOKBACK, WINDOW
@@ -197,7 +199,7 @@ def test_a_count_sizes_each_objects_counter_and_writes_within_its_current_shards
     assert counter.shards == 1  # created with one
     assert shard_rows(counter.name) == {0: 1}
     counter.grow(4)  # as a growth decided by another process
-    shard = counts._ticket(kit()) % 4  # this thread's, among the current four
+    shard = counting.writer_ticket(kit()) % 4  # this thread's, among the current four
     assert Video.objects.filter(pk=video.pk).update(views=F("views") + 2) == 1
     assert Video.objects.filter(pk__in=[video.pk]).update(views=F("views") + 3) == 1
     assert shard_rows(counter.name) == {0: 1, shard: 5} if shard else {0: 6}
@@ -205,7 +207,7 @@ def test_a_count_sizes_each_objects_counter_and_writes_within_its_current_shards
     other = Video.objects.create(title="b")
     assert Video.objects.filter(pk__in=[other.pk]).update(views=F("views") + 1) == 1
     assert (other.views.counter.shards, views(other)) == (8, 1)
-    assert shard_rows(other.views.counter.name) == {counts._ticket(kit()) % 8: 1}
+    assert shard_rows(other.views.counter.name) == {counting.writer_ticket(kit()) % 8: 1}
     for bad in ("many", 0, 2.5, True):
         with pytest.raises(InvalidShardCount):
             ShardedCount(shards=bad)  # type: ignore[arg-type]
@@ -216,7 +218,7 @@ def test_a_counting_update_writes_within_the_shards_its_process_holds(
 ) -> None:
     """An object's counter this process holds open gives the statement its shards: a
     growth made elsewhere is taken up when they are read again, as ``incr()`` takes it."""
-    monkeypatch.setattr(counts._tickets, "ticket", (os.getpid(), 5), raising=False)
+    monkeypatch.setattr(counting._tickets, "ticket", (os.getpid(), 5), raising=False)
     video = Video.objects.create(title="a")
     assert Video.objects.filter(pk=video.pk).update(views=F("views") + 1) == 1  # opens it
     name = video.views.counter.name

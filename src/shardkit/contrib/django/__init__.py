@@ -19,6 +19,7 @@ Importing this package reads no setting and reaches no server.
 """
 
 from .conf import kit
-from .counts import BoundCount, CountingQuerySet, NotACountingUpdate, ShardedCount
+from .counts import BoundCount, NotACountingUpdate, ShardedCount
+from .querysets import CountingQuerySet
 
 __all__ = ["BoundCount", "CountingQuerySet", "NotACountingUpdate", "ShardedCount", "kit"]

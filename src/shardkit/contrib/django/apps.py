@@ -28,9 +28,11 @@ class ShardkitConfig(AppConfig):
         from shardkit.mapper.source import adapt_sources
 
         from .conf import configure, reconfigure
-        from .counts import check_managers, note_pooler, watch_deletes
+        from .querysets import check_managers
         from .schema import check_tables, create_missing_tables
+        from .sightings import watch_deletes
         from .source import adapt_queryset
+        from .statements import note_pooler
 
         configure()
         adapt_sources(adapt_queryset)
