@@ -30,8 +30,8 @@ from typing import NamedTuple
 from rich.table import Table
 
 import shardkit
+from harness import Crew, Op, Phase
 from hot_counter import report_console
-from shardkit.demo import Crew, Op, Phase
 
 PREFIX = "bench_auto_"
 SETTLED_AFTER = 3.0  # seconds: every counter's rate is taken from then on

@@ -35,9 +35,9 @@ import redis
 from rich.table import Table
 
 import shardkit
+from harness import Crew, Phase
 from hot_counter import KitTarget, choose_modes, kit_writer, report_console
 from shardkit.cache.cluster import RedisClusterCache
-from shardkit.demo import Crew, Phase
 from shardkit.store.sql import SqlStore
 
 MODES = ("redis", "cluster", "striped")

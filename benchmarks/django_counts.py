@@ -39,9 +39,8 @@ from urllib.parse import urlsplit
 import sqlalchemy as sa
 from rich.table import Table
 
-from harness import median_phase, ratio, run_grid
+from harness import Crew, Op, Phase, median_phase, ratio, run_grid
 from hot_counter import REDIS_SCHEMES, choose_modes, report_console
-from shardkit.demo import Crew, Op, Phase
 
 SITE = Path(__file__).resolve().parent.parent / "examples" / "django_site"
 DEFAULT_DATABASE = "postgresql://postgres@127.0.0.1:5432/shardkit_bench_django"

@@ -1,16 +1,204 @@
-"""What the benchmarks share to run their grids and compare their cells: a crew per
-writer count running every mode in turn (``run_grid``), medians and ratios of rates.
-The writer processes themselves are the demo's (``shardkit.demo.Crew``)."""
+"""What the benchmarks share: their writer processes (``Crew``: start N spawned writers
+once, release them together for each timed phase, collect their acknowledged counts), a
+crew per writer count running every mode in turn (``run_grid``), medians and ratios of
+rates."""
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
+import queue
 import statistics
+import threading
+import time
+import traceback
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 from rich.console import Console
 
-from shardkit.demo import Crew, Phase
+Op = Callable[[], object]
+"""One write; returning means the store acknowledged it."""
+
+T = TypeVar("T")
+Setup = Callable[[T], AbstractContextManager[Op]]
+"""A module-level context-manager function (so spawn can pickle it): given its argument,
+it connects, warms up without changing any total, and yields the write to repeat."""
+
+_READY_TIMEOUT = 120.0  # spawning and connecting many writers on a busy machine
+
+
+@dataclass(frozen=True)
+class Phase:
+    """What a crew's writers did in one timed phase."""
+
+    counts: tuple[int, ...]
+    """Acknowledged writes of each writer."""
+    elapsed: tuple[float, ...]
+    """Seconds each writer spent writing."""
+    cpu: tuple[float, ...] = ()
+    """CPU seconds each writer's process spent meanwhile, its background threads
+    included."""
+
+    @property
+    def ops(self) -> int:
+        return sum(self.counts)
+
+    @property
+    def rate(self) -> float:
+        """Acknowledged writes per second: the sum of the writers' rates."""
+        return sum(n / s for n, s in zip(self.counts, self.elapsed, strict=True))
+
+    @property
+    def cpu_per_op(self) -> float:
+        """The writers' CPU seconds per acknowledged write."""
+        return sum(self.cpu) / self.ops if self.ops else 0.0
+
+
+def _member(index: int, tasks: Any, reports: Any, start: Any) -> None:
+    """A crew process: run each task it is given until told to stop (``None``)."""
+    while (task := tasks.get()) is not None:
+        setup, arg, seconds, threads, shared = task
+        counts = [0] * threads
+        try:
+            with contextlib.ExitStack() as stack:
+                # One setup shared by the threads (a kit, as an application has one per
+                # process), or one each (a raw driver connection).
+                ops = (
+                    [stack.enter_context(setup(arg))] * threads
+                    if shared
+                    else [stack.enter_context(setup(arg)) for _ in range(threads)]
+                )
+                reports.put(("ready", index, 0, 0.0))
+                start.wait()
+                began, cpu = time.monotonic(), time.process_time()
+                _write_until(ops, counts, began + seconds)
+                spent = (time.monotonic() - began, time.process_time() - cpu)
+            reports.put(("done", index, sum(counts), spent))
+        except BaseException as exc:
+            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            reports.put(("error", index, sum(counts), detail))
+            if not isinstance(exc, Exception):
+                raise
+
+
+def _write_until(ops: list[Op], counts: list[int], deadline: float) -> None:
+    """Repeat ``ops[i]`` in thread ``i`` (the first in this one) until ``deadline``,
+    counting into ``counts[i]``; re-raise the first error of any."""
+    errors: list[BaseException] = []
+
+    def repeat(i: int) -> None:
+        op = ops[i]
+        try:
+            while time.monotonic() < deadline:
+                op()
+                counts[i] += 1
+        except BaseException as exc:
+            errors.append(exc)
+
+    others = [threading.Thread(target=repeat, args=(i,)) for i in range(1, len(ops))]
+    for thread in others:
+        thread.start()
+    repeat(0)
+    for thread in others:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
+class Crew:
+    """``writers`` spawned processes that run timed phases together, each with
+    ``threads`` writing threads.
+
+    Each phase: every writer sets up (connects, warms up), then all are released by one
+    Event at once, so neither process start-up nor connecting is measured. A failing
+    writer makes ``run`` raise ``RuntimeError``. Use as a context manager.
+    """
+
+    def __init__(self, writers: int, threads: int = 1) -> None:
+        if writers < 1 or threads < 1:
+            raise ValueError("a crew needs at least one writer, of at least one thread")
+        self.threads = threads
+        ctx = multiprocessing.get_context("spawn")
+        self._start = ctx.Event()
+        self._reports: Any = ctx.Queue()
+        self._tasks: list[Any] = [ctx.Queue() for _ in range(writers)]
+        self._processes = [
+            ctx.Process(
+                target=_member,
+                args=(i, tasks, self._reports, self._start),
+                name=f"shardkit-writer-{i}",
+                daemon=True,
+            )
+            for i, tasks in enumerate(self._tasks)
+        ]
+        self._broken = False
+        for process in self._processes:
+            process.start()
+
+    @property
+    def writers(self) -> int:
+        return len(self._processes)
+
+    def __enter__(self) -> Crew:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(self, setup: Setup[T], arg: T, seconds: float, *, shared: bool = True) -> Phase:
+        """Every writer's threads repeat ``setup(arg)``'s write for ``seconds``, all
+        starting at once: one setup per writer, its write shared by its threads
+        (``shared``), or one setup per thread."""
+        if self._broken:
+            raise RuntimeError("the crew is broken by an earlier failure")
+        self._start.clear()  # every writer has reported: none is waiting on it
+        for tasks in self._tasks:
+            tasks.put((setup, arg, seconds, self.threads, shared))
+        self._collect("ready", _READY_TIMEOUT)
+        self._start.set()
+        done = self._collect("done", seconds + _READY_TIMEOUT)
+        return Phase(
+            counts=tuple(int(done[i][0]) for i in range(self.writers)),
+            elapsed=tuple(float(done[i][1][0]) for i in range(self.writers)),
+            cpu=tuple(float(done[i][1][1]) for i in range(self.writers)),
+        )
+
+    def _collect(self, kind: str, timeout: float) -> dict[int, tuple[int, Any]]:
+        deadline = time.monotonic() + timeout
+        got: dict[int, tuple[int, Any]] = {}
+        while len(got) < self.writers:
+            try:
+                what, index, ops, detail = self._reports.get(timeout=0.5)
+            except queue.Empty:
+                dead = [p.name for p in self._processes if not p.is_alive()]
+                if dead or time.monotonic() > deadline:
+                    self._broken = True
+                    why = f"{', '.join(dead)} died" if dead else f"no {kind!r} in {timeout:.0f} s"
+                    raise RuntimeError(f"writer processes failed: {why}") from None
+                continue
+            if what == "error":
+                self._broken = True
+                raise RuntimeError(f"writer {index} failed after {ops} writes: {detail}")
+            got[index] = (ops, detail)
+        return got
+
+    def close(self) -> None:
+        """Stop the writers (at once if a phase failed)."""
+        if not self._broken:
+            for tasks in self._tasks:
+                tasks.put(None)
+        for process in self._processes:
+            if not self._broken:
+                process.join(timeout=10)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=5)
+        for q in [self._reports, *self._tasks]:
+            q.close()
+            q.join_thread()
 
 
 def run_grid(

@@ -43,9 +43,8 @@ from rich.console import Console
 from rich.table import Table
 
 import shardkit
-from harness import median_phase, ratio, run_grid
+from harness import Crew, Op, Phase, Setup, median_phase, ratio, run_grid
 from shardkit import metrics
-from shardkit.demo import Crew, Op, Phase, Setup, naive_table
 from shardkit.store.sql import SqlStore, engine_from_url, unprepare_behind_pooler
 
 METERED = ("sharded+metrics", "buffered+metrics")
@@ -397,7 +396,12 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(store.metadata.drop_all, engine)
         stack.callback(kit.close)  # first: it saves what it holds into the tables
         md = sa.MetaData()
-        naive = naive_table(f"{prefix}naive", md)
+        naive = sa.Table(  # one row: a hot counter without sharding
+            f"{prefix}naive",
+            md,
+            sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+            sa.Column("n", sa.BigInteger, nullable=False),
+        )
         shard = sa.Table(  # the shape of shardkit's shard table
             f"{prefix}raw",
             md,

@@ -37,7 +37,7 @@ import sqlalchemy as sa
 from rich.table import Table
 
 import shardkit
-from harness import median_phase, ratio, run_grid
+from harness import Crew, Op, Phase, Setup, median_phase, ratio, run_grid
 from hot_counter import (
     REDIS_SCHEMES,
     _redis_client,
@@ -46,7 +46,6 @@ from hot_counter import (
     raw_connect,
     report_console,
 )
-from shardkit.demo import Crew, Op, Phase, Setup
 from shardkit.store.sql import SqlStore, engine_from_url
 
 DEFAULT_STORE = "postgresql://postgres@127.0.0.1:5432/test"

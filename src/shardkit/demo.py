@@ -1,27 +1,22 @@
 """``shardkit demo``: writer processes hammer one hot counter: a naive row, a sharded
 counter, a buffered counter; then a map over a generated table, with its progress bar.
-
-The process machinery (``Crew``: start N spawned writers once, release them together
-for each timed phase, collect their acknowledged counts) is reused by
-``benchmarks/hot_counter.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import queue
 import random
 import tempfile
-import threading
 import time
-import traceback
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import sqlalchemy as sa
 from rich.console import Console
@@ -37,190 +32,11 @@ from shardkit.store.sql import SqlStore, engine_from_url
 Op = Callable[[], object]
 """One write; returning means the store acknowledged it."""
 
-T = TypeVar("T")
-Setup = Callable[[T], AbstractContextManager[Op]]
-"""A module-level context-manager function (so spawn can pickle it): given its argument,
-it connects, warms up without changing any total, and yields the write to repeat."""
-
 DEMO_SHARDS = 20
 DEMO_INTERVAL = 1.0
 DEMO_ROWS = 20_000
 DEMO_PAGE = 250
 _READY_TIMEOUT = 120.0  # spawning and connecting many writers on a busy machine
-
-
-# -- writer processes ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Phase:
-    """What a crew's writers did in one timed phase."""
-
-    counts: tuple[int, ...]
-    """Acknowledged writes of each writer."""
-    elapsed: tuple[float, ...]
-    """Seconds each writer spent writing."""
-    cpu: tuple[float, ...] = ()
-    """CPU seconds each writer's process spent meanwhile, its background threads
-    included."""
-
-    @property
-    def ops(self) -> int:
-        return sum(self.counts)
-
-    @property
-    def rate(self) -> float:
-        """Acknowledged writes per second: the sum of the writers' rates."""
-        return sum(n / s for n, s in zip(self.counts, self.elapsed, strict=True))
-
-    @property
-    def cpu_per_op(self) -> float:
-        """The writers' CPU seconds per acknowledged write."""
-        return sum(self.cpu) / self.ops if self.ops else 0.0
-
-
-def _member(index: int, tasks: Any, reports: Any, start: Any) -> None:
-    """A crew process: run each task it is given until told to stop (``None``)."""
-    while (task := tasks.get()) is not None:
-        setup, arg, seconds, threads, shared = task
-        counts = [0] * threads
-        try:
-            with contextlib.ExitStack() as stack:
-                # One setup shared by the threads (a kit, as an application has one per
-                # process), or one each (a raw driver connection).
-                ops = (
-                    [stack.enter_context(setup(arg))] * threads
-                    if shared
-                    else [stack.enter_context(setup(arg)) for _ in range(threads)]
-                )
-                reports.put(("ready", index, 0, 0.0))
-                start.wait()
-                began, cpu = time.monotonic(), time.process_time()
-                _write_until(ops, counts, began + seconds)
-                spent = (time.monotonic() - began, time.process_time() - cpu)
-            reports.put(("done", index, sum(counts), spent))
-        except BaseException as exc:
-            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            reports.put(("error", index, sum(counts), detail))
-            if not isinstance(exc, Exception):
-                raise
-
-
-def _write_until(ops: list[Op], counts: list[int], deadline: float) -> None:
-    """Repeat ``ops[i]`` in thread ``i`` (the first in this one) until ``deadline``,
-    counting into ``counts[i]``; re-raise the first error of any."""
-    errors: list[BaseException] = []
-
-    def repeat(i: int) -> None:
-        op = ops[i]
-        try:
-            while time.monotonic() < deadline:
-                op()
-                counts[i] += 1
-        except BaseException as exc:
-            errors.append(exc)
-
-    others = [threading.Thread(target=repeat, args=(i,)) for i in range(1, len(ops))]
-    for thread in others:
-        thread.start()
-    repeat(0)
-    for thread in others:
-        thread.join()
-    if errors:
-        raise errors[0]
-
-
-class Crew:
-    """``writers`` spawned processes that run timed phases together, each with
-    ``threads`` writing threads.
-
-    Each phase: every writer sets up (connects, warms up), then all are released by one
-    Event at once, so neither process start-up nor connecting is measured. A failing
-    writer makes ``run`` raise ``RuntimeError``. Use as a context manager.
-    """
-
-    def __init__(self, writers: int, threads: int = 1) -> None:
-        if writers < 1 or threads < 1:
-            raise ValueError("a crew needs at least one writer, of at least one thread")
-        self.threads = threads
-        ctx = multiprocessing.get_context("spawn")
-        self._start = ctx.Event()
-        self._reports: Any = ctx.Queue()
-        self._tasks: list[Any] = [ctx.Queue() for _ in range(writers)]
-        self._processes = [
-            ctx.Process(
-                target=_member,
-                args=(i, tasks, self._reports, self._start),
-                name=f"shardkit-writer-{i}",
-                daemon=True,
-            )
-            for i, tasks in enumerate(self._tasks)
-        ]
-        self._broken = False
-        for process in self._processes:
-            process.start()
-
-    @property
-    def writers(self) -> int:
-        return len(self._processes)
-
-    def __enter__(self) -> Crew:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def run(self, setup: Setup[T], arg: T, seconds: float, *, shared: bool = True) -> Phase:
-        """Every writer's threads repeat ``setup(arg)``'s write for ``seconds``, all
-        starting at once: one setup per writer, its write shared by its threads
-        (``shared``), or one setup per thread."""
-        if self._broken:
-            raise RuntimeError("the crew is broken by an earlier failure")
-        self._start.clear()  # every writer has reported: none is waiting on it
-        for tasks in self._tasks:
-            tasks.put((setup, arg, seconds, self.threads, shared))
-        self._collect("ready", _READY_TIMEOUT)
-        self._start.set()
-        done = self._collect("done", seconds + _READY_TIMEOUT)
-        return Phase(
-            counts=tuple(int(done[i][0]) for i in range(self.writers)),
-            elapsed=tuple(float(done[i][1][0]) for i in range(self.writers)),
-            cpu=tuple(float(done[i][1][1]) for i in range(self.writers)),
-        )
-
-    def _collect(self, kind: str, timeout: float) -> dict[int, tuple[int, Any]]:
-        deadline = time.monotonic() + timeout
-        got: dict[int, tuple[int, Any]] = {}
-        while len(got) < self.writers:
-            try:
-                what, index, ops, detail = self._reports.get(timeout=0.5)
-            except queue.Empty:
-                dead = [p.name for p in self._processes if not p.is_alive()]
-                if dead or time.monotonic() > deadline:
-                    self._broken = True
-                    why = f"{', '.join(dead)} died" if dead else f"no {kind!r} in {timeout:.0f} s"
-                    raise RuntimeError(f"writer processes failed: {why}") from None
-                continue
-            if what == "error":
-                self._broken = True
-                raise RuntimeError(f"writer {index} failed after {ops} writes: {detail}")
-            got[index] = (ops, detail)
-        return got
-
-    def close(self) -> None:
-        """Stop the writers (at once if a phase failed)."""
-        if not self._broken:
-            for tasks in self._tasks:
-                tasks.put(None)
-        for process in self._processes:
-            if not self._broken:
-                process.join(timeout=10)
-            if process.is_alive():
-                process.terminate()
-                process.join(timeout=5)
-        for q in [self._reports, *self._tasks]:
-            q.close()
-            q.join_thread()
 
 
 # -- the demo's writers ----------------------------------------------------------------
@@ -236,11 +52,11 @@ class Target:
     prefix: str = "shardkit_"
 
 
-def naive_table(name: str, metadata: sa.MetaData | None = None) -> sa.Table:
+def naive_table(name: str) -> sa.Table:
     """A one-row counter table: what a hot counter looks like without sharding."""
     return sa.Table(
         name,
-        metadata or sa.MetaData(),
+        sa.MetaData(),
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
         sa.Column("n", sa.BigInteger, nullable=False),
     )
@@ -277,6 +93,50 @@ def buffered_writer(target: Target) -> Iterator[Op]:
         counter = kit.buffered(target.name, interval=DEMO_INTERVAL)
         counter.parts()  # connect to both backends
         yield counter.incr
+
+
+# -- the race: writer processes released together --------------------------------------
+
+Writer = Callable[[Target], AbstractContextManager[Op]]
+"""A module-level context-manager function (so spawn can pickle it): it connects, warms
+up without changing any total, and yields the write to repeat."""
+
+_start: Any = None
+"""In a writer process: the pool's barrier, which releases every writer at once."""
+
+
+def _enlist(start: Any) -> None:
+    """A writer process's initializer: keep the pool's barrier."""
+    global _start
+    _start = start
+
+
+def _write(writer: Writer, target: Target, seconds: float) -> tuple[int, float]:
+    """In a writer process: set up ``writer(target)``, wait for every writer, then repeat
+    its write for ``seconds``; the writes acknowledged and the seconds they took."""
+    try:
+        with writer(target) as op:
+            _start.wait(_READY_TIMEOUT)
+            count, began = 0, time.monotonic()
+            while time.monotonic() - began < seconds:
+                op()
+                count += 1
+            return count, time.monotonic() - began
+    except BaseException:
+        _start.abort()  # the other writers stop waiting for this one
+        raise
+
+
+def _race(
+    pool: ProcessPoolExecutor, writers: int, writer: Writer, target: Target, seconds: float
+) -> tuple[int, float]:
+    """``writers`` processes of ``pool`` (one each: the barrier holds all) repeat
+    ``writer(target)``'s write for ``seconds``, released together once set up, so neither
+    start-up nor connecting is measured: the writes acknowledged, and the sum of the
+    writers' rates per second. A writer's error is raised here."""
+    futures = [pool.submit(_write, writer, target, seconds) for _ in range(writers)]
+    done = [future.result() for future in futures]
+    return sum(count for count, _ in done), sum(count / spent for count, spent in done)
 
 
 # -- the demo --------------------------------------------------------------------------
@@ -370,24 +230,26 @@ def run_demo(
             f"[bold]{writers}[/] writer processes, {seconds:g} s each, "
             f"store [cyan]{escape(kit.store.url)}[/], cache [cyan]{escape(kit.cache.url)}[/]"
         )
-        crew = stack.enter_context(Crew(writers))
+        spawn = multiprocessing.get_context("spawn")
+        pool = stack.enter_context(
+            ProcessPoolExecutor(
+                writers, spawn, initializer=_enlist, initargs=(spawn.Barrier(writers),)
+            )
+        )
+        race = partial(_race, pool, writers, seconds=seconds)
         with status(f"naive: {writers} writers on one row…"):
-            naive = crew.run(
-                naive_writer, Target(store_url, cache_url, table.name, prefix), seconds
-            )
+            naive = race(naive_writer, Target(store_url, cache_url, table.name, prefix))
         with status(f"sharded: {writers} writers on {DEMO_SHARDS} shards…"):
-            sharded = crew.run(
-                sharded_writer, Target(store_url, cache_url, counter.name, prefix), seconds
-            )
+            sharded = race(sharded_writer, Target(store_url, cache_url, counter.name, prefix))
         with status(f"buffered: {writers} writers into the cache…"):
             target = Target(store_url, cache_url, buffered.name, prefix)
-            buffering = crew.run(buffered_writer, target, seconds)
+            buffering = race(buffered_writer, target)
 
         with engine.connect() as conn:
             naive_total = int(conn.execute(sa.select(table.c.n)).scalar_one())
         races = [
-            Race(mode, writers, phase.ops, phase.rate, total)
-            for mode, phase, total in (
+            Race(mode, writers, ops, rate, total)
+            for mode, (ops, rate), total in (
                 ("naive", naive, naive_total),
                 ("sharded", sharded, counter.value(fresh=True)),
                 ("buffered", buffering, buffered.value()),
@@ -501,13 +363,10 @@ def _forget_job(kit: Kit, job: str) -> None:
 
 
 __all__ = [
-    "Crew",
     "DemoResult",
     "Mapped",
     "Op",
-    "Phase",
     "Race",
-    "Setup",
     "Target",
     "buffered_writer",
     "naive_table",
