@@ -6,13 +6,15 @@ it (``shardkit/_sync/adjuster.py``, by ``tools/generate_sync.py``)."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
 
 from shardkit._concurrency import AsyncBackground, AsyncEvent, AsyncLock
-from shardkit._failures import FailureLog
 from shardkit._fork import reset_in_child
-from shardkit._program import arun, run
-from shardkit.counters.adjuster import SYNC_TIMEOUT, Sending, sending
+from shardkit._program import Program, Roles, arun, run
+
+# How long ``sync`` waits for adjustments to be sent before serving the cache as it is,
+# and ``close`` for the last of them (a cache that hangs must not hang the kit's close).
+SYNC_TIMEOUT = 10.0
 
 
 class AsyncAdjuster:
@@ -21,16 +23,26 @@ class AsyncAdjuster:
     own (a task of the event loop it is first used on, or a thread), which ends when
     nothing is left to send. ``add`` never waits; a sync or close cuts the delay short.
 
+    A batch is sent by the program ``send(batch)`` (``shardkit.counters.adjuster``'s
+    ``sending``), run on ``roles``; with a cache that is not ``shared`` (in-process:
+    nothing to gain) each adjustment is sent at once, by the caller.
+
     Safe for a process's threads (the thread form) or the coroutines of one event loop
     (the async form). A forked child starts empty: its parent's adjustments are the
     parent's to send.
     """
 
-    def __init__(self, cache: Any, failures: FailureLog, delay: float) -> None:
-        self._cache = cache
-        self._failures = failures
+    def __init__(
+        self,
+        send: Callable[[dict[str, int]], Program[None]],
+        roles: Roles,
+        shared: bool,
+        delay: float,
+    ) -> None:
+        self._send = send
+        self._roles = roles
+        self._shared = shared
         self._delay = delay
-        self._roles = Sending(cache)
         self._reset()
         reset_in_child(self, AsyncAdjuster._reset)
 
@@ -47,8 +59,8 @@ class AsyncAdjuster:
     def add(self, key: str, delta: int) -> None:
         """Move the cached value under ``key`` (if present) by ``delta``: soon, or at
         once with an in-process cache."""
-        if not self._cache.shared:  # in-process: sent at once, which never blocks
-            run(sending(self._failures, {key: delta}), self._roles)
+        if not self._shared:  # in-process: sent at once, which never blocks
+            run(self._send({key: delta}), self._roles)
             return
         with self._lock:
             self._pending[key] = self._pending.get(key, 0) + delta
@@ -96,7 +108,7 @@ class AsyncAdjuster:
                     if not batch:
                         self._sender = None
                         return
-                await arun(sending(self._failures, batch), self._roles)
+                await arun(self._send(batch), self._roles)
                 with self._lock:
                     self._sent = upto
                     progress, self._progress = self._progress, AsyncEvent()

@@ -23,9 +23,6 @@ from shardkit.cache.base import Cache
 from shardkit.errors import BackendError
 
 _ADJUSTING = metrics.action("adjusting cached values")
-# How long ``sync`` waits for adjustments to be sent before serving the cache as it is,
-# and ``close`` for the last of them (a cache that hangs must not hang the kit's close).
-SYNC_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,14 +9,14 @@ import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any, ClassVar
 
 from shardkit._failures import FailureLog
 from shardkit._program import Call, Program, Roles, call
 from shardkit._sync.adjuster import Adjuster
 from shardkit.cache.base import Cache, Placed
-from shardkit.counters.adjuster import Adjusting
+from shardkit.counters.adjuster import Adjusting, Sending, sending
 from shardkit.errors import BackendError, CounterKindMismatch, CounterNotFound
 from shardkit.executor.base import Marks
 from shardkit.options import DEFAULTS
@@ -104,7 +104,9 @@ class Settings(Options):
     adjusting: ClassVar[type[Any]]  # the form's Adjuster class
 
     def __post_init__(self) -> None:
-        adjuster = self.adjusting(self.cache, self.failures, self.adjust_delay)
+        send = partial(sending, self.failures)
+        roles = Sending(self.cache)
+        adjuster = self.adjusting(send, roles, self.cache.shared, self.adjust_delay)
         object.__setattr__(self, "adjuster", adjuster)  # frozen, but built from the rest
 
     @property

@@ -1,0 +1,53 @@
+"""Every module of the package imports alone, as the first module of a program."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from backends import ROOT, SUPPORT
+
+
+def package_modules() -> list[str]:
+    """Every module of shardkit, found in its file tree (none imported here)."""
+    spec = importlib.util.find_spec("shardkit")
+    assert spec is not None
+    assert spec.submodule_search_locations
+    top = Path(next(iter(spec.submodule_search_locations)))
+    names = []
+    for path in sorted(top.rglob("*.py")):
+        parts = ("shardkit", *path.relative_to(top).with_suffix("").parts)
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def test_each_module_imports_alone_first() -> None:
+    names = package_modules()
+    assert len(names) > 90  # the tree was found
+    assert "shardkit._sync.adjuster" in names
+    path = [str(SUPPORT), str(ROOT / "examples" / "django_site"), os.environ.get("PYTHONPATH")]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, path)),
+        "DJANGO_SETTINGS_MODULE": "site_settings",
+    }
+    run = subprocess.run(
+        [sys.executable, str(SUPPORT / "import_alone.py"), *names],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    results = json.loads(run.stdout)
+    assert sorted(results) == sorted(names)
+    failed = {name: result["error"] for name, result in results.items() if result["error"]}
+    assert not failed, "\n".join(f"{name}:\n{error}" for name, error in failed.items())
+    # The models, and what reads them, are imported after Django's setup; no other module.
+    assert {name for name, result in results.items() if result["django_setup"]} <= {
+        name for name in names if name.startswith("shardkit.contrib.django.")
+    }
