@@ -9,10 +9,10 @@ from collections.abc import Callable
 from typing import Any
 
 from shardkit._program import Awaiting
+from shardkit._redis import redis_module
 from shardkit.aio.pipes import AsyncNodePipes
 from shardkit.aio.redis import Lent
 from shardkit.cache.cluster import ClusterCore, _Commands, parse
-from shardkit.cache.redis import _redis_module
 
 # Commands of an async cluster cache in flight at once; the others wait their turn. The
 # asyncio cluster client fails a command at once (MaxConnectionsError) when its node has
@@ -98,7 +98,7 @@ class AsyncRedisClusterCache(ClusterCore, Awaiting):
     def from_url(cls, url: str) -> AsyncRedisClusterCache:
         """A cache on the cluster that any of the URL's nodes belongs to (it connects on
         its first command)."""
-        _redis_module()
+        redis_module()
         from redis.asyncio.cluster import ClusterNode, RedisCluster
 
         client = RedisCluster(**parse(url).client_options(ClusterNode))

@@ -8,8 +8,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Protocol
 
+from shardkit._redis import INCR, Unreplicated, redis_module
 from shardkit.aio.sent_once import AsyncLending, AsyncSentOnce
-from shardkit.cache.redis import _INCR, Unreplicated, _redis_module
 
 # How long an increment waits for a replica to acknowledge it.
 WAIT_MS = 500
@@ -81,7 +81,7 @@ class AsyncNodePipes:
         own = self._nodes.client(node)
         waits = self._alone.waits(node.name)
         async with own.pipeline(transaction=False) as pipe:
-            pipe.evalsha(_INCR.sha, 1, key, delta)
+            pipe.evalsha(INCR.sha, 1, key, delta)
             if waits:
                 pipe.wait(1, WAIT_MS)
             else:  # a replica that is back must be waited for from this increment on
@@ -95,7 +95,7 @@ class AsyncNodePipes:
         return value
 
     async def refresh(self) -> None:
-        redis = _redis_module()
+        redis = redis_module()
         with contextlib.suppress(redis.RedisError, redis.exceptions.RedisClusterException):
             await self._client.nodes_manager.initialize()
 

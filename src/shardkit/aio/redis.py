@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from shardkit._program import Awaiting
+from shardkit._redis import redis_module
 from shardkit.aio.sent_once import AsyncSentOnce
-from shardkit.cache.redis import RedisCore, RedisRoles, _client, _redis_module
+from shardkit.cache.redis import RedisCore, RedisRoles, _client
 
 # The connections an async cache opened by URL keeps at most (redis-py's default).
 _POOL = 100
@@ -49,7 +50,7 @@ class AsyncRedisCache(RedisCore, Awaiting):
         """A cache on its own client, whose pool makes a coroutine wait for one of its
         ``_POOL`` connections rather than fail when all are busy (many coroutines of one
         process may send commands at once)."""
-        _redis_module()
+        redis_module()
         import redis.asyncio
 
         pool = _client(redis.asyncio.BlockingConnectionPool, url, max_connections=_POOL)

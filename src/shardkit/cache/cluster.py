@@ -33,20 +33,9 @@ from urllib.parse import unquote
 
 from shardkit import _urls
 from shardkit._program import Blocking, Clock, Program, call, role, rule
+from shardkit._redis import ADDS, INCR, INCR_MANY, Unreplicated, redis_module
 from shardkit._sync.pipes import NodePipes
-from shardkit.cache.redis import (
-    _ADDS,
-    _INCR,
-    _INCR_MANY,
-    TIMEOUT,
-    Client,
-    Held,
-    RedisCore,
-    RedisRoles,
-    Unreplicated,
-    _millis,
-    _redis_module,
-)
+from shardkit.cache.redis import TIMEOUT, Client, Held, RedisCore, RedisRoles, _millis
 from shardkit.errors import BackendError, BackendUnavailable, ConfigurationError
 
 # How long an increment is retried while the cluster fails over (a replica is promoted
@@ -187,7 +176,7 @@ class ClusterCore(RedisCore):
         """One script per slot, each sent once (see ``_followed``)."""
         for group in self._by_slot(deltas):
             keys, args = list(group), list(group.values())
-            yield from self._followed(partial(self._script, _INCR_MANY, keys, args), once=True)
+            yield from self._followed(partial(self._script, INCR_MANY, keys, args), once=True)
 
     @rule
     def add_many(self, values: Mapping[str, int], ttl: float | None) -> Program[None]:
@@ -195,7 +184,7 @@ class ClusterCore(RedisCore):
         twice)."""
         for group in self._by_slot(values):
             args = [_millis(ttl), *group.values()]
-            yield from self._followed(partial(self._script, _ADDS, list(group), args), once=False)
+            yield from self._followed(partial(self._script, ADDS, list(group), args), once=False)
 
     @rule
     def bump(self, key: str, delta: int) -> Program[int]:
@@ -213,7 +202,7 @@ class ClusterCore(RedisCore):
             try:
                 return (yield from call(Replicas.incr, key, delta))
             except self._redis.exceptions.NoScriptError:  # a new primary: load it there
-                yield from call(Client.script_load, _INCR.source)
+                yield from call(Client.script_load, INCR.source)
                 return (yield from call(Replicas.incr, key, delta))
 
         value = yield from self._followed(increment, once=False)
@@ -287,7 +276,7 @@ class RedisClusterCache(ClusterCore, Blocking):
     @classmethod
     def from_url(cls, url: str) -> RedisClusterCache:
         """A cache on the cluster that any of the URL's nodes belongs to (database 0)."""
-        redis = _redis_module()
+        redis = redis_module()
         from redis.cluster import ClusterNode, RedisCluster
 
         startup = parse(url)

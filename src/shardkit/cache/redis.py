@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import hashlib
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -13,50 +12,10 @@ from urllib.parse import urlsplit
 from shardkit import _urls
 from shardkit._fork import reset_in_child
 from shardkit._program import Blocking, Call, Program, Roles, call, role, rule
+from shardkit._redis import ADDS, INCR, INCR_MANY, Script, redis_module
 from shardkit._sync.sent_once import SentOnce
 from shardkit.cache.base import read_number
-from shardkit.errors import BackendError, BackendUnavailable, ConfigurationError, MissingDriver
-
-# INCRBY creates a missing key; a counter's cached value must not be created by a write
-# (it would hold the delta alone), so the increment is conditional, in one atomic script.
-# The new value is returned as GET's string: Lua numbers are doubles, exact only to 2**53.
-_INCR_IF_EXISTS = """
-if redis.call('exists', KEYS[1]) == 1 then
-  redis.call('incrby', KEYS[1], ARGV[1])
-  return redis.call('get', KEYS[1])
-end
-return false
-"""
-# SET NX of many keys, ARGV[1] their TTL in ms (0: none), then their values; nothing
-# returned.
-_ADD_MANY = """
-local ttl = tonumber(ARGV[1])
-for i, key in ipairs(KEYS) do
-  if ttl > 0 then
-    redis.call('set', key, ARGV[i + 1], 'NX', 'PX', ttl)
-  else
-    redis.call('set', key, ARGV[i + 1], 'NX')
-  end
-end
-"""
-# The same for many keys, their deltas in ARGV; nothing returned.
-_INCR_MANY_IF_EXIST = """
-for i, key in ipairs(KEYS) do
-  if redis.call('exists', key) == 1 then
-    redis.call('incrby', key, ARGV[i])
-  end
-end
-"""
-
-
-def _redis_module() -> Any:
-    try:
-        import redis
-    except ImportError as exc:
-        raise MissingDriver(
-            "the Redis cache needs its driver: pip install 'shardkit[redis]'"
-        ) from exc
-    return redis
+from shardkit.errors import BackendError, BackendUnavailable, ConfigurationError
 
 
 @role("client")
@@ -121,26 +80,6 @@ class Held:
             self._pool.release(self._held.pop())
 
 
-class Unreplicated(Exception):
-    """An increment on a Redis Cluster primary that has a replica, which no replica
-    acknowledged within the wait: a failover could bring the key back below it, so its
-    value is not handed out (the increment is made again, the value skipped)."""
-
-
-class _Script:
-    """A Lua script, run by its digest (loaded into the server the first time it is
-    missing there)."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
-
-
-_INCR = _Script(_INCR_IF_EXISTS)
-_ADDS = _Script(_ADD_MANY)
-_INCR_MANY = _Script(_INCR_MANY_IF_EXIST)
-
-
 class RedisCore:
     """What the sync and async Redis caches share: ``Cache``'s methods, as programs run
     on ``RedisRoles``, as each form sets them."""
@@ -151,7 +90,7 @@ class RedisCore:
     def __init__(self, client: Any, *, url: str | None = None, owns_client: bool = False):
         self._client = client
         self._owns_client = owns_client
-        self._redis = _redis_module()
+        self._redis = redis_module()
         if url:
             self.url, self._password = _urls.redact(url), urlsplit(url).password
         else:
@@ -179,7 +118,7 @@ class RedisCore:
             detail = _urls.scrub(str(exc), self._password)
             raise BackendError(f"cache {self.url} failed while {action}: {detail}") from exc
 
-    def _script(self, script: _Script, keys: list[str], args: list[int]) -> Program[Any]:
+    def _script(self, script: Script, keys: list[str], args: list[int]) -> Program[Any]:
         words = [*keys, *args]
         try:
             return (yield from call(Client.evalsha, script.sha, len(keys), *words))
@@ -213,18 +152,18 @@ class RedisCore:
     @rule
     def add_many(self, values: Mapping[str, int], ttl: float | None) -> Program[None]:
         if values:
-            script = self._script(_ADDS, list(values), [_millis(ttl), *values.values()])
+            script = self._script(ADDS, list(values), [_millis(ttl), *values.values()])
             yield from self._command("adding", script)
 
     @rule
     def incr(self, key: str, delta: int) -> Program[int | None]:
-        value = yield from self._command("incrementing", self._script(_INCR, [key], [delta]))
+        value = yield from self._command("incrementing", self._script(INCR, [key], [delta]))
         return None if value is None else int(value)
 
     @rule
     def incr_many(self, deltas: Mapping[str, int]) -> Program[None]:
         if deltas:
-            script = self._script(_INCR_MANY, list(deltas), list(deltas.values()))
+            script = self._script(INCR_MANY, list(deltas), list(deltas.values()))
             yield from self._command("incrementing", script)
 
     @rule
@@ -250,7 +189,7 @@ class RedisCache(RedisCore, Blocking):
 
     @classmethod
     def from_url(cls, url: str) -> RedisCache:
-        return cls(_client(_redis_module().Redis, url), url=url, owns_client=True)
+        return cls(_client(redis_module().Redis, url), url=url, owns_client=True)
 
     def close(self) -> None:
         self._sent_once.close()
