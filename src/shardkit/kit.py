@@ -31,7 +31,7 @@ from shardkit.errors import (
 )
 from shardkit.executor import Executor, LocalExecutor
 from shardkit.kitcore import DEFAULT_CACHE, DEFAULT_STORE, KitCore
-from shardkit.mapper import TASK
+from shardkit.mapper.task import TASK
 from shardkit.options import KitOptions, counter_options, kit_options
 from shardkit.store import Store, open_store
 from shardkit.store.sql import SqlStore

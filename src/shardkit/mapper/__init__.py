@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from shardkit import metrics
+from shardkit.mapper.task import TASK
 
 if TYPE_CHECKING:
     from shardkit.mapper.job import Batch, Completion, Job, Records, RowDict, RowDicts
@@ -17,10 +17,6 @@ if TYPE_CHECKING:
     from shardkit.mapper.runner import Mapper
     from shardkit.mapper.source import Source, Statistics, StatisticsSource, TableSource
     from shardkit.mapper.spec import MapSpec, Signer
-
-TASK = metrics.action("map_range")
-"""The executor's task that visits one range of a job (a background task: its failures
-are ridden out)."""
 
 _WHERE = {
     "Batch": "job",

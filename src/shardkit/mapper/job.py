@@ -7,7 +7,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, overload
+from typing import Any, Protocol, overload
 
 from sqlalchemy.engine import Connection, Result, Row
 
@@ -19,16 +19,14 @@ from shardkit.mapper.ledger import (
     FINISHED,
     JobStatus,
     RangeInfo,
+    RangeLedger,
     job_ranges,
     job_state,
     job_statuses,
 )
-from shardkit.mapper.tables import LedgerTables
+from shardkit.mapper.tables import LedgerStore, LedgerTables
 from shardkit.store.sql import SqlRoles
 from shardkit.validation import check_count
-
-if TYPE_CHECKING:
-    from shardkit.mapper.runner import Mapper
 
 
 class RowDict(dict[str, Any]):
@@ -277,11 +275,23 @@ class JobCore:
             seen = yield from call(Finishes.await_finish, seen, max(left, 0.0))
 
 
+class Jobs(Finishes, Protocol):
+    """What a job handle uses of the mapper that opened it (``shardkit.mapper.Mapper``):
+    its store and ledger, and the stops and restarts of jobs."""
+
+    @property
+    def store(self) -> LedgerStore: ...
+    @property
+    def ledger(self) -> RangeLedger: ...
+    def cancel(self, job: str) -> bool: ...
+    def resume(self, job: str) -> int: ...
+
+
 class Job(JobCore, Blocking):
     """A handle to a mapping job; any process with a kit on the same store can open one
     (``kit.job(id)``)."""
 
-    def __init__(self, mapper: Mapper, job_id: str) -> None:
+    def __init__(self, mapper: Jobs, job_id: str) -> None:
         super().__init__(mapper.store.url, mapper.ledger.tables, job_id)
         self._mapper = mapper
         self.roles = JobRoles(mapper.store.roles.sql, mapper)
@@ -300,4 +310,14 @@ class Job(JobCore, Blocking):
         return self._mapper.resume(self.id)
 
 
-__all__ = ["Batch", "Completion", "Finishes", "Job", "JobCore", "Records", "RowDict", "RowDicts"]
+__all__ = [
+    "Batch",
+    "Completion",
+    "Finishes",
+    "Job",
+    "JobCore",
+    "Jobs",
+    "Records",
+    "RowDict",
+    "RowDicts",
+]

@@ -33,7 +33,6 @@ from shardkit import metrics
 from shardkit._failures import FailureLog
 from shardkit.errors import ConfigurationError, JobNotFound, ShardkitError
 from shardkit.executor import Executor, LocalExecutor
-from shardkit.mapper import TASK
 from shardkit.mapper.job import Batch, Completion, Job
 from shardkit.mapper.keys import Key, KeyRange
 from shardkit.mapper.ledger import (
@@ -52,6 +51,7 @@ from shardkit.mapper.planning import Children, Planner
 from shardkit.mapper.source import Statistics, StatisticsSource
 from shardkit.mapper.spec import MapSpec, Signer
 from shardkit.mapper.tables import LedgerStore
+from shardkit.mapper.task import TASK
 
 log = logging.getLogger("shardkit")
 
