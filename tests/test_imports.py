@@ -1,13 +1,18 @@
-"""Every module of the package imports alone, as the first module of a program."""
+"""Every module of the package imports alone, as the first module of a program, and no
+module imports itself through others."""
 
 from __future__ import annotations
 
+import graphlib
 import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import grimp
+import pytest
 
 from backends import ROOT, SUPPORT
 
@@ -51,3 +56,33 @@ def test_each_module_imports_alone_first() -> None:
     assert {name for name, result in results.items() if result["django_setup"]} <= {
         name for name in names if name.startswith("shardkit.contrib.django.")
     }
+
+
+def packages(module: str) -> set[str]:
+    """The packages that importing ``module`` imports first."""
+    parts = module.split(".")
+    return {".".join(parts[:end]) for end in range(1, len(parts))}
+
+
+def test_no_import_circle() -> None:
+    """No module imports itself through others, type-only imports included (the import
+    contracts' ``acyclic_siblings`` finds circles between a package's children, not
+    those through the package's own ``__init__``). Importing a module imports its
+    packages first: an import of ``a.b.c`` counts as one of ``a.b`` and ``a`` too, but
+    not of the importer's own packages, which are being imported already."""
+    graph = grimp.build_graph("shardkit", include_external_packages=False, cache_dir=None)
+    imports = {
+        module: set().union(
+            *(
+                {imported} | (packages(imported) - packages(module) - {module})
+                for imported in graph.find_modules_directly_imported_by(module)
+            )
+        )
+        for module in graph.modules
+    }
+    assert len(imports) > 90  # the package was found
+    assert "shardkit.store" in imports["shardkit.mapper.tables"]  # through shardkit.store.sql
+    try:
+        tuple(graphlib.TopologicalSorter(imports).static_order())
+    except graphlib.CycleError as error:
+        pytest.fail("an import circle: " + " -> ".join(reversed(error.args[1])))
