@@ -2,7 +2,7 @@
 
 A piece (the combiner, the adjuster) is written for asyncio, under ``shardkit/aio/``, on
 the ``Async…`` primitives below; its thread form under ``shardkit/_sync/`` is generated
-from it by ``tools/generate_sync.py`` (CI checks that it is current), which drops ``async``
+from it by ``tools/generate_sync.py`` (the tests check that it is current), which drops ``async``
 and ``await`` and renames each ``Async…`` primitive to its twin here. The twins have the
 same names and meanings:
 

@@ -1,2 +1,3 @@
 """The thread forms of the concurrency pieces, generated from their asyncio forms under
-``shardkit/aio/`` by ``tools/generate_sync.py`` (CI checks they are current): edit those."""
+``shardkit/aio/`` (those marked for it) by ``tools/generate_sync.py``; the tests check
+they are current: edit those."""
