@@ -231,13 +231,22 @@ class KitCore(Generic[_S, _B, _M, _I]):
 
     @rule
     def get(self, name: str) -> Program[_S | _B | _M | _I]:
-        """The existing counter ``name``, of whatever kind it is; raises
-        ``CounterNotFound`` if there is none."""
+        """The existing counter ``name``, of whatever kind it is, as the store holds it
+        now (one round trip, even for a counter this kit holds open: another process may
+        have deleted it, reset it or made it again); raises ``CounterNotFound`` if there
+        is none. The object this kit holds is returned while the name holds a counter of
+        its kind, moved to the incarnation the store holds."""
         check_name(name)
-        held = self.held(name)
-        if held is not None:
-            return held
         info = yield from call(Store.counter, name)
+        held = self.held(name)
+        if held is not None and info is not None and info.kind == held.kind:
+            held._hold(info)
+            return held
+        if held is not None:  # ended elsewhere: its object stands for nothing now
+            with self._lock:
+                if self._counters.get(name) is held:
+                    del self._counters[name]
+            held._expire()
         if info is None:
             raise CounterNotFound(f"no counter named {name!r} in {self.roles.store.url}")
         if info.kind == BufferedCore.kind:

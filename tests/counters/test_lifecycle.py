@@ -185,6 +185,38 @@ def test_a_counter_held_in_another_process_moves_to_the_new_incarnation(
         assert here.flush_all() == {f"{name}:b": 1}
 
 
+@pytest.mark.parametrize("kind", ["sharded", "buffered", "monotonic", "ids"])
+def test_get_finds_what_another_process_did_to_a_counter_it_holds(
+    store_url: str, name: str, kind: str
+) -> None:
+    """Two kits on one store, each with a cache of its own (two processes): a counter
+    one holds open and the other deletes is not found by ``get``, which creates
+    nothing; made again as another kind, ``get`` returns that kind; reset, ``get``
+    returns the held object, moved to the empty incarnation."""
+    with (
+        shardkit.connect(store_url, "memory://", prefix=PREFIX) as here,
+        shardkit.connect(store_url, "memory://", prefix=PREFIX) as there,
+    ):
+        opened = getattr(there, kind)(name)
+        assert there.get(name) is opened  # held: the same object
+        here.delete(name)
+        with pytest.raises(CounterNotFound, match="no counter named"):
+            there.get(name)
+        assert there.held(name) is None
+        assert rows_of(there, name) == NONE  # looking created nothing
+        other = "monotonic" if kind == "sharded" else "sharded"
+        getattr(here, other)(name)
+        assert there.get(name).kind == other
+        before = here.store.counter(name)
+        here.reset(name)
+        now = here.store.counter(name)
+        assert before is not None
+        assert now is not None
+        assert before.incarnation != now.incarnation
+        held = there.get(name)
+        assert (held is there.held(name), held.info) == (True, now)
+
+
 def test_with_a_cache_of_its_own_a_process_moves_when_it_looks(store_url: str, name: str) -> None:
     """With a private cache nothing reaches another process but the store: it looks at
     the counter's configuration once ``cache_ttl`` seconds have passed since it last
