@@ -4,6 +4,7 @@ keys, with concurrent coroutines' writes combined and cancellation never half-ap
 from __future__ import annotations
 
 import asyncio
+import inspect
 import multiprocessing
 import random
 import threading
@@ -206,10 +207,57 @@ def test_values_and_cached_reads_include_the_process_own_writes(
         seen.append(await counter.value())  # cached, then adjusted by the write
         seen.append((await kit.values([name]))[name])
         await counter.grow(30)
-        seen.append(await counter.shards())
+        seen.append(await counter.read_shards())
         return seen
 
     assert with_kit(store_url, aio_cache_url, work) == [0, 5, 5, 30]
+
+
+FACES = [
+    (shardkit.ShardedCounter, shardkit.aio.AsyncShardedCounter),
+    (shardkit.BufferedCounter, shardkit.aio.AsyncBufferedCounter),
+    (shardkit.MonotonicCounter, shardkit.aio.AsyncMonotonicCounter),
+    (shardkit.IdAllocator, shardkit.aio.AsyncIdAllocator),
+]
+LOCAL = {"size_automatically"}  # no I/O: a plain method on both faces
+
+
+@pytest.mark.parametrize(("sync", "awaited"), FACES, ids=lambda form: form.__name__)
+def test_every_read_of_a_sync_counter_is_a_method_of_the_async_one(
+    sync: type[Any], awaited: type[Any]
+) -> None:
+    """Each method of a sync counter is a coroutine method of the async one, and a
+    property that reads the store is the shorthand of a ``read_`` method both have."""
+    names = [name for name in dir(sync) if not name.startswith("_")]
+    methods = [name for name in names if inspect.isfunction(inspect.getattr_static(sync, name))]
+    properties = [
+        name for name in names if isinstance(inspect.getattr_static(sync, name), property)
+    ]
+    assert methods
+    for name in set(methods) - LOCAL:
+        assert inspect.iscoroutinefunction(getattr(awaited, name, None)), name
+    for name in properties:
+        assert name not in dir(awaited), name
+        assert f"read_{name}" in methods, name
+        assert inspect.iscoroutinefunction(getattr(awaited, f"read_{name}")), name
+
+
+def test_both_faces_read_a_growth_made_elsewhere_with_read_shards(
+    sqlite_url: str, name: str
+) -> None:
+    with Target(sqlite_url, "memory://").connect() as kit:
+        counter = kit.sharded(name, shards=2)
+
+        async def work(kit: shardkit.aio.AsyncKit) -> list[int]:
+            awaited = await kit.sharded(name)
+            seen = [await awaited.read_shards()]
+            counter.grow(5)  # by the sync kit: elsewhere, as the async kit sees it
+            seen.append(await awaited.read_shards())
+            await awaited.grow(7)
+            return seen
+
+        assert with_kit(sqlite_url, "memory://", work) == [2, 5]
+        assert (counter.read_shards(), counter.shards) == (7, 7)
 
 
 def test_closing_sends_the_adjustments_still_gathering(name: str, sqlite_url: str) -> None:

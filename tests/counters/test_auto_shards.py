@@ -211,7 +211,7 @@ def test_an_async_counter_waiting_on_its_row_grows_once_and_counts_exactly(
                 while not _logged_growths(caplog) and time.monotonic() < end:
                     await asyncio.gather(counter.incr(), counter.incr())
                     done += 2
-            return await counter.shards(), await counter.value(fresh=True), done
+            return await counter.read_shards(), await counter.value(fresh=True), done
 
     shards, value, done = asyncio.run(main())
     assert (shards, value) == (4, done)
@@ -300,6 +300,10 @@ def test_the_async_kit_opens_automatic_counters_too(sqlite_url: str) -> None:
         async with shardkit.aio.connect(store_url, CACHE, prefix=PREFIX) as kit:
             counter = await kit.sharded(name, shards="auto")
             await asyncio.gather(*(counter.incr() for _ in range(50)))
-            return await counter.shards(), await counter.value(fresh=True), bool(counter._sizing)
+            return (
+                await counter.read_shards(),
+                await counter.value(fresh=True),
+                bool(counter._sizing),
+            )
 
     assert asyncio.run(main()) == (1, 50, True)  # sized by this process as it writes

@@ -91,10 +91,6 @@ class AsyncShardedCounter(ShardedCore, Awaiting):
     async def _write_now(self, writes: Sequence[Write]) -> list[bool | ShardkitError]:
         return await self._carry_out(self._write(writes))
 
-    async def shards(self) -> int:
-        """The current shard count, read from the store."""
-        return await self._carry_out(self._refresh_shards())
-
 
 class AsyncBufferedCounter(BufferedCore, Awaiting):
     """``shardkit.BufferedCounter``, awaited: the same guarantees, on the same keys and

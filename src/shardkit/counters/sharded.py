@@ -207,6 +207,12 @@ class ShardedCore(CounterCore):
             100 * window.waiting,
         )
 
+    @rule
+    def read_shards(self) -> Program[int]:
+        """The current shard count, read from the store (following the name to its
+        current incarnation, as a write would)."""
+        return (yield from self._refresh_shards())
+
     def _refresh_shards(self) -> Program[int]:
         """The current shard count, read from the store (following the name to its
         current incarnation: ``CounterCore._follow``)."""
@@ -310,8 +316,9 @@ class ShardedCounter(ShardedCore, Blocking):
 
     @property
     def shards(self) -> int:
-        """The current shard count, read from the store."""
-        return self._carry_out(self._refresh_shards())
+        """The current shard count, read from the store: ``read_shards()``, which is the
+        async counter's one way to read it (``await counter.read_shards()``)."""
+        return self.read_shards()
 
 
 def value_key(options: Options, name: str) -> str:
