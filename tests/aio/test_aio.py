@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import multiprocessing
 import random
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import pytest
@@ -19,6 +20,7 @@ import shardkit.aio
 import workers
 from backends import CACHE_URLS, CLUSTER, NEVER, PREFIX, STORE_URLS, Target, cache_url_of, require
 from received import increments_received, row_writes
+from shardkit.counters.buffered import scheduled_flush
 from shardkit.errors import (
     ConfigurationError,
     CounterNotFound,
@@ -442,6 +444,65 @@ def test_scheduled_flushes_run_on_the_event_loop(sqlite_url: str, name: str) -> 
         return await hits.parts()
 
     assert with_kit(sqlite_url, "memory://", work) == (30, 0)
+
+
+def test_flushes_due_while_one_of_their_counter_waits_are_taken_into_it(
+    sqlite_url: str, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The loop executor's one worker held by a task: a hundred flushes of each of two
+    counters due meanwhile leave one of each waiting, and the store receives two
+    flushes, which move everything; once one has started, the next waits again (it is
+    news to the running one)."""
+    names = [f"{name}:a", f"{name}:b"]
+    total = sum(range(100))
+
+    async def work(kit: shardkit.aio.AsyncKit) -> list[dict[str, int]]:
+        holding, release = asyncio.Event(), asyncio.Event()
+        flushed: list[dict[str, int]] = []
+
+        async def hold(args: Mapping[str, Any]) -> None:
+            holding.set()
+            await release.wait()
+
+        async def flush(args: Mapping[str, Any]) -> None:
+            flushed.append(await kit._carry_out(scheduled_flush(kit.settings, args)))
+
+        async def flushes(count: int) -> None:
+            while len(flushed) < count:
+                await asyncio.sleep(0.01)
+
+        executor = shardkit.aio.LoopExecutor(kit.settings.marks, workers=1)
+        executor.bind({"hold": hold, "flush": flush})
+        counters = [await kit.buffered(each, interval=NEVER) for each in names]
+        await executor.submit("hold", {})
+        try:
+            await asyncio.wait_for(holding.wait(), 60)
+            with caplog.at_level(logging.WARNING, logger="shardkit"):
+                for n in range(100):
+                    for counter in counters:
+                        await counter.incr(n)
+                        assert await executor.submit(
+                            "flush", {"name": counter.name}, merge=f"flush:{counter.name}"
+                        )
+                assert executor.queued == 2
+            assert len(caplog.records) == 1  # one line, not one per merged flush
+            assert "fall behind" in caplog.text
+            release.set()
+            await asyncio.wait_for(flushes(2), 60)
+            assert [await counter.parts() for counter in counters] == [(total, 0)] * 2
+            await counters[0].incr(7)
+            await executor.submit("flush", {"name": names[0]}, merge=f"flush:{names[0]}")
+            await asyncio.wait_for(flushes(3), 60)
+        finally:
+            release.set()
+            await executor.close()
+        return flushed
+
+    assert with_kit(sqlite_url, "memory://", work) == [
+        {names[0]: total},
+        {names[1]: total},
+        {names[0]: 7},
+    ]
 
 
 def test_closing_flushes_what_is_pending(store_url: str, aio_cache_url: str, name: str) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import collections
 import heapq
 import itertools
 import logging
@@ -17,26 +16,27 @@ from shardkit._failures import FailureLog
 from shardkit._fork import reset_in_child
 from shardkit.errors import ConfigurationError
 from shardkit.executor.base import Marks, Task, Timing, When, reported
+from shardkit.executor.queue import Entry, TaskQueue
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 log = logging.getLogger("shardkit")
 
-_Entry = tuple[str, Mapping[str, Any], str | None]  # task, args, merge
-
 
 class LocalExecutor:
     """Runs tasks on ``workers`` threads of this process; delayed tasks wait in a heap
     watched by one timer thread. Threads start on the first submission.
 
-    Tasks submitted from outside the workers (and delayed tasks, when due) run first come,
-    first served, ahead of follow-ups (below) — but when both wait, a worker takes one of
-    each in turn, so a steady stream from outside (flushes that fall behind) cannot hold
-    follow-ups (a job's ranges) back for ever. A task submitted with ``merge`` that comes
-    due while another with the same ``merge`` waits for a worker is taken into that one:
-    when the workers fall behind, each counter has at most one flush waiting, however long
-    they take (the flush lag metric shows how far behind, and one line is logged).
+    Tasks due wait for a worker in a ``TaskQueue``, whose rules the async kit's executor
+    shares. Tasks submitted from outside the workers (and delayed tasks, when due) run
+    first come, first served, ahead of follow-ups (below) — but when both wait, a worker
+    takes one of each in turn, so a steady stream from outside (flushes that fall behind)
+    cannot hold follow-ups (a job's ranges) back for ever. A task submitted with
+    ``merge`` that comes due while another with the same ``merge`` waits for a worker is
+    taken into that one: when the workers fall behind, each counter has at most one flush
+    waiting, however long they take (the flush lag metric shows how far behind, and one
+    line is logged).
 
     Tasks that a running task submits — its follow-up work, such as a mapping range's
     children — run newest first: a tree of tasks is walked depth first, so what waits is
@@ -68,11 +68,7 @@ class LocalExecutor:
         self._timed = threading.Condition(self._lock)  # the timer waits here
         self._due: list[tuple[float, int, str, Mapping[str, Any], str | None]] = []
         self._order = itertools.count()
-        self._arrived: collections.deque[_Entry] = collections.deque()  # from outside: FIFO
-        self._followups: list[_Entry] = []  # from the workers' tasks: a stack
-        self._followups_turn = False  # whether a follow-up goes next, when both wait
-        self._merging: set[str] = set()  # the merge keys of the tasks queued
-        self._merged_once = False
+        self._queue = TaskQueue(self.url)
         self._threads: list[threading.Thread] = []
         self._waiting = 0  # workers waiting for a task
         self._timer: threading.Thread | None = None
@@ -85,14 +81,14 @@ class LocalExecutor:
     def queued(self) -> int:
         """How many tasks are due and wait for a worker."""
         with self._lock:
-            return len(self._arrived) + len(self._followups)
+            return len(self._queue)
 
     @property
     def idle(self) -> int:
         """How many workers wait with no task queued for them: what a running task may
         hand work to (a mapping range splits for them)."""
         with self._lock:
-            return max(0, self._waiting - len(self._arrived) - len(self._followups))
+            return max(0, self._waiting - len(self._queue))
 
     def bind(self, tasks: Mapping[str, Task], marks: Marks) -> None:
         self._tasks = tasks
@@ -114,7 +110,7 @@ class LocalExecutor:
                 raise ConfigurationError(f"{self.url} is closed")
             if delay <= 0:
                 followup = threading.current_thread() in self._threads
-                self._queue((task, args, merge), followup=followup)
+                self._put(Entry(task, args, merge), followup=followup)
             else:
                 due = (time.monotonic() + delay, next(self._order), task, args, merge)
                 heapq.heappush(self._due, due)
@@ -122,23 +118,11 @@ class LocalExecutor:
                 self._timed.notify()
         return True
 
-    def _queue(self, entry: _Entry, *, followup: bool) -> None:
+    def _put(self, entry: Entry, *, followup: bool) -> None:
         """Queue a task for the workers, starting them if need be, unless a queued task
         has its merge key (then that one does its work). Holds the lock."""
-        merge = entry[2]
-        if merge is not None:
-            if merge in self._merging:
-                if not self._merged_once:
-                    self._merged_once = True
-                    log.warning(
-                        "background tasks fall behind: %s came due while the last one "
-                        "still waited for a worker, which does the work of both (%s)",
-                        merge,
-                        self.url,
-                    )
-                return
-            self._merging.add(merge)
-        (self._followups if followup else self._arrived).append(entry)
+        if not self._queue.put(entry, followup=followup):
+            return
         if not self._threads:
             for n in range(self.workers):
                 thread = threading.Thread(target=self._work, name=f"shardkit-{n}", daemon=True)
@@ -150,7 +134,7 @@ class LocalExecutor:
         """A worker: run queued tasks until the executor is closed and none is left."""
         while True:
             with self._lock:
-                while not (self._arrived or self._followups):
+                while (entry := self._queue.take()) is None:
                     if self._closed:
                         return
                     self._waiting += 1
@@ -158,14 +142,7 @@ class LocalExecutor:
                         self._ready.wait()
                     finally:
                         self._waiting -= 1
-                both = bool(self._arrived and self._followups)
-                if self._arrived and not (both and self._followups_turn):
-                    task, args, merge = self._arrived.popleft()
-                else:
-                    task, args, merge = self._followups.pop()
-                self._followups_turn = both and not self._followups_turn
-                self._merging.discard(merge)  # started: what comes due now is news to it
-            self._run(task, args)
+            self._run(entry.task, entry.args)
 
     def _start_timer(self) -> None:
         if self._timer is None:
@@ -184,7 +161,7 @@ class LocalExecutor:
                     self._timed.wait(wait)
                     continue
                 _, _, task, args, merge = heapq.heappop(self._due)
-                self._queue((task, args, merge), followup=False)
+                self._put(Entry(task, args, merge), followup=False)
 
     def _run(self, task: str, args: Mapping[str, Any]) -> None:
         with reported(self._failures, task, args):
