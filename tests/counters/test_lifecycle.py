@@ -237,6 +237,36 @@ def test_with_a_cache_of_its_own_a_process_moves_when_it_looks(store_url: str, n
         assert here.get(f"{name}:b").value() == 1  # created anew by the object that wrote
 
 
+def test_with_a_cache_of_its_own_a_process_sees_a_delete_once_it_looks(
+    store_url: str, name: str
+) -> None:
+    """The limit of a private cache (``docs/deploying.md``): another process's delete
+    reaches this one through the store only. Until its objects look again
+    (``cache_ttl`` after they last did: an hour here, so never within the test), a
+    sharded counter's cached value and a monotonic counter's value are the deleted
+    incarnation's, and the monotonic one goes on from it; fresh reads and ``get`` read
+    the store, and see the delete at once."""
+    sharded, monotonic = f"{name}:s", f"{name}:m"
+    with (
+        shardkit.connect(store_url, "memory://", prefix=PREFIX) as here,
+        shardkit.connect(store_url, "memory://", prefix=PREFIX, cache_ttl=3600) as there,
+    ):
+        votes = there.sharded(sharded)
+        votes.incr(5)
+        assert votes.value() == 5  # cached
+        sequence = there.monotonic(monotonic, chance_to_write=1.0)
+        assert sequence.incr(9) == 9
+        here.delete(sharded)
+        here.delete(monotonic)
+        assert (votes.value(), there.values([sharded])) == (5, {sharded: 5})
+        assert sequence.value() == 9
+        assert sequence.incr() == 10
+        assert (votes.value(fresh=True), there.values([sharded], fresh=True)) == (0, {sharded: 0})
+        with pytest.raises(CounterNotFound):
+            there.get(sharded)
+        assert here.store.counter(sharded) is None
+
+
 def test_writes_racing_a_reset_count_if_and_only_if_they_may_follow_it(
     shared_kit: shardkit.Kit, name: str
 ) -> None:
