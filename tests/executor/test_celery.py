@@ -115,13 +115,16 @@ def test_a_real_worker_runs_the_scheduled_flushes(
     counters = [kit.buffered(name, interval=INTERVAL) for kit in kits]
     sums = [0] * WRITERS
     counts = [0] * WRITERS
+    spans: list[list[tuple[float, float]]] = [[] for _ in range(WRITERS)]  # each increment's
 
     def write(slot: int) -> None:
         rng = random.Random()
         until = time.time() + 5 * INTERVAL  # from the thread's start: a late one writes as long
         while time.time() < until or counts[slot] <= 10:  # several intervals, 11 writes
             delta = rng.choice((-1, 1)) * rng.randint(1, 1000)
+            before = time.time()
             counters[slot].incr(delta)
+            spans[slot].append((before, time.time()))
             sums[slot] += delta
             counts[slot] += 1
 
@@ -143,10 +146,18 @@ def test_a_real_worker_runs_the_scheduled_flushes(
     assert len(made) == len(set(made)) >= 5
     assert {dedupe for _, dedupe, _ in submissions} == set(made)
     assert len(submissions) > len(made)
-    for kit, count in zip(kits, counts, strict=True):
+    for kit, times in zip(kits, spans, strict=True):
         mine = kit.executor.submissions  # type: ignore[attr-defined]
         assert len(mine) <= len(made)
-        assert count >= 10 * len(mine)
+        # One submission per interval the kit wrote in, by its first increment there.
+        # Which interval an increment falls in is read inside the call: the test knows
+        # it between its clock readings around the call, exactly unless the call spans
+        # an interval's end (then either interval may be the one).
+        numbers = [int(str(dedupe).rsplit(":", 1)[1]) for _, dedupe, _ in mine]
+        known = {int(a // INTERVAL) for a, b in times if int(a // INTERVAL) == int(b // INTERVAL)}
+        possible = {n for a, b in times for n in range(int(a // INTERVAL), int(b // INTERVAL) + 1)}
+        assert len(numbers) == len(set(numbers))
+        assert known <= set(numbers) <= possible
 
     # The worker ran each submitted flush once, with its JSON arguments (the worker
     # accepts JSON only), due at the end of its interval (its eta).
