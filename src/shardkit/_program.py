@@ -74,6 +74,7 @@ Program = Generator[Call[Any], Any, R]
 
 _METHODS: dict[Callable[..., Any], tuple[str, str]] = {}  # method -> (role, name)
 _ROLES: dict[str, tuple[str, ...]] = {}  # role -> the names of its methods
+_NAMES: dict[object, str] = {}  # protocol -> its role
 
 
 def role(name: str) -> Callable[[T], T]:
@@ -89,6 +90,7 @@ def role(name: str) -> Callable[[T], T]:
         for attr, method in methods.items():
             _METHODS[method] = name, attr
         _ROLES[name] = tuple(methods)
+        _NAMES[protocol] = name
         return protocol
 
     return mark
@@ -121,20 +123,28 @@ class Roles:
 
     def __post_init__(self) -> None:
         for part in dataclasses.fields(self):  # type: ignore[arg-type]
-            backend = getattr(self, part.name)
-            missing = [m for m in _ROLES.get(part.name, ()) if not hasattr(backend, m)]
-            if missing:
-                raise TypeError(
-                    f"{backend!r} cannot play the role {part.name!r}: it has no {missing[0]}"
-                )
+            _check(getattr(self, part.name), part.name)
 
 
-def playing(backend: object) -> Any:
-    """``backend``, an asyncio backend, as the role it plays: its methods have the role's
-    names and return awaitables of what the role's return, which ``arun`` awaits (typing
-    has no way to say "the awaited form of a protocol"; the ``Roles`` it goes into check
-    its methods' names)."""
-    return backend
+def _check(backend: object, name: str) -> None:
+    """Raise ``TypeError`` unless ``backend`` has every method of the role ``name``."""
+    missing = [m for m in _ROLES.get(name, ()) if not hasattr(backend, m)]
+    if missing:
+        raise TypeError(f"{backend!r} cannot play the role {name!r}: it has no {missing[0]}")
+
+
+def playing(backend: object, role: Callable[..., R]) -> R:
+    """``backend``, an asyncio backend, typed as ``role``, the protocol marked with
+    ``@role`` that it plays (typing reads the class as what it makes). Its methods have
+    the role's names and return awaitables of what the role's return, which ``arun``
+    awaits: typing has no way to say "the awaited form of a protocol", so this is where
+    a backend is declared to be one. ``TypeError`` if ``role`` is no role, or
+    ``backend`` lacks one of its methods."""
+    name = _NAMES.get(role)
+    if name is None:
+        raise TypeError(f"{role!r} is not a role")
+    _check(backend, name)
+    return backend  # type: ignore[return-value]  # the awaited form: see above
 
 
 def run(program: Program[R], roles: Roles) -> R:

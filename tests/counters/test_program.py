@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Awaitable
+from pathlib import Path
 from typing import Any
 
+import mypy.api
 import pytest
 
 from shardkit._program import (
@@ -21,6 +23,7 @@ from shardkit._program import (
     Roles,
     arun,
     call,
+    playing,
     role,
     rule,
     run,
@@ -241,3 +244,37 @@ def test_roles_refuse_a_backend_that_cannot_play_its_role_when_made() -> None:
 def test_only_the_methods_of_a_role_can_be_called() -> None:
     with pytest.raises(TypeError, match=r"Trace\.__init__ is not a method of a role"):
         call(Trace.__init__)
+
+
+def test_playing_declares_an_async_backend_as_its_role_and_checks_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What ``playing`` returns is typed as the role it is given (as mypy reads it), and
+    a backend without one of the role's methods, or a class that is no role, is
+    refused at once."""
+    backend = SlowBackend()
+    assert playing(backend, Backend) is backend
+
+    class Halfway:
+        async def double(self, n: int) -> int:
+            return n
+
+    with pytest.raises(TypeError, match="cannot play the role 'backend': it has no fail"):
+        playing(Halfway(), Backend)
+    with pytest.raises(TypeError, match="is not a role"):
+        playing(backend, Trace)
+    source = tmp_path / "played.py"
+    source.write_text(
+        "from typing import Protocol\n"
+        "from shardkit._program import playing, role\n"
+        "@role('counting')\n"
+        "class Counting(Protocol):\n"
+        "    def count(self) -> int: ...\n"
+        "reveal_type(playing(object(), Counting))\n"
+    )
+    # The project's settings and cache (warm once ``mypy`` has checked the package).
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.setenv("MYPYPATH", str(root / "src"))
+    config, cache = str(root / "pyproject.toml"), str(root / ".mypy_cache")
+    out, _, _ = mypy.api.run(["--config-file", config, "--cache-dir", cache, str(source)])
+    assert 'Revealed type is "played.Counting"' in out, out

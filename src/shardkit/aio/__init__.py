@@ -42,10 +42,10 @@ from shardkit.counters.base import Settings
 from shardkit.counters.buffered import BufferedCore, scheduled_flush
 from shardkit.counters.ids import Guard, IdCore, IdRoles
 from shardkit.counters.monotonic import MonotonicCore
-from shardkit.counters.sharded import ShardedCore, ShardedRoles, Write
+from shardkit.counters.sharded import ShardedCore, ShardedRoles, Write, Writes
 from shardkit.errors import ShardkitError
 from shardkit.kitcore import DEFAULT_CACHE, DEFAULT_STORE, KitCore
-from shardkit.mapper.job import JobCore, JobRoles
+from shardkit.mapper.job import Finishes, JobCore, JobRoles
 from shardkit.mapper.ledger import JobStatus, job_statuses
 from shardkit.mapper.tables import LedgerTables, ledger_tables
 from shardkit.options import KitOptions, counter_options, kit_options
@@ -85,7 +85,7 @@ class AsyncShardedCounter(ShardedCore, Awaiting):
     def __init__(self, info: CounterInfo, settings: AsyncSettings) -> None:
         # One batch at a time is written, by the combiner's task: one ticket a process.
         super().__init__(info, settings, types.SimpleNamespace())
-        roles, writes = settings.roles, playing(AsyncCombiner(self._write_now))
+        roles, writes = settings.roles, playing(AsyncCombiner(self._write_now), Writes)
         self.roles = ShardedRoles(roles.store, roles.cache, roles.adjuster, writes)
 
     async def _write_now(self, writes: Sequence[Write]) -> list[bool | ShardkitError]:
@@ -142,7 +142,7 @@ class AsyncJob(JobCore, Awaiting):
 
     def __init__(self, store: AsyncSqlStore, tables: LedgerTables, job_id: str) -> None:
         super().__init__(store.url, tables, job_id)
-        self.roles = JobRoles(store.roles.sql, playing(_Polling()))
+        self.roles = JobRoles(store.roles.sql, playing(_Polling(), Finishes))
 
 
 class AsyncKit(

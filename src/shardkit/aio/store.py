@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from shardkit import _urls
 from shardkit._program import Awaiting, playing
 from shardkit.errors import ConfigurationError, MissingDriver
-from shardkit.store.sql import SqlCore, SqlRoles, gate_forks, make_engine, watch_for_poolers
+from shardkit.store.sql import Sql, SqlCore, SqlRoles, gate_forks, make_engine, watch_for_poolers
 
 _T = TypeVar("_T")
 
@@ -60,7 +60,7 @@ class AsyncSqlStore(SqlCore, Awaiting):
     ) -> None:
         super().__init__(engine.dialect, engine.url, prefix=prefix)
         self.engine = engine
-        self.roles = SqlRoles(playing(self))
+        self.roles = SqlRoles(playing(self, Sql))
         self._owns_engine = owns_engine
         self._finishing: set[asyncio.Task[Any]] = set()  # cancelled callers' calls
         watch_for_poolers(engine.sync_engine)
