@@ -287,40 +287,39 @@ def racing_flusher(
         results.put((slot, (sum(moved), conflicts[0]), traceback.format_exc()))
 
 
-def increment_at_random(counter: Any, seed: int, duration: float) -> list[tuple[float, int]]:
-    """Increment ``counter`` by random positive deltas at random moments for about
-    ``duration`` seconds; return ``(time.monotonic() when acknowledged, delta)`` of each."""
+def increment_until(counter: Any, seed: int, stop: Any) -> list[int]:
+    """Increment ``counter`` by random positive deltas at random moments until ``stop``
+    (an event) is set; return the acknowledged deltas, in order."""
     rng = random.Random(seed)
-    acked: list[tuple[float, int]] = []
-    end = time.monotonic() + duration
-    while time.monotonic() < end:
+    acked: list[int] = []
+    while not stop.is_set():
         time.sleep(rng.choice((0.0, 0.001, rng.uniform(0, 0.3))))  # the workload's pace
         delta = rng.randint(1, 1000)
         counter.incr(delta)
-        acked.append((time.monotonic(), delta))
+        acked.append(delta)
     return acked
 
 
-def timed_incrementer(
+def incrementer(
     where: Where,
     name: str,
     seed: int,
-    duration: float,
     interval: float,
     start: Any,
+    stop: Any,
     release: Any,
     results: Any,
 ) -> None:
-    """``increment_at_random`` on a kit with the default local executor (flushing every
-    ``interval``), once ``start`` is set; puts ``(acknowledged increments, error)`` on
+    """``increment_until`` on a kit with the default local executor (flushing every
+    ``interval``), from ``start`` to ``stop``; puts ``(acknowledged deltas, error)`` on
     ``results``, then keeps the kit (and its scheduled flushes) open until ``release``."""
-    acked: list[tuple[float, int]] = []
+    acked: list[int] = []
     try:
         with connect(where, flushing=True) as kit:
             counter = kit.buffered(name, interval=interval)
             if not start.wait(TIMEOUT):
                 raise TimeoutError("never told to start")
-            acked = increment_at_random(counter, seed, duration)
+            acked = increment_until(counter, seed, stop)
             results.put((acked, None))
             if not release.wait(TIMEOUT):
                 raise TimeoutError("never released")
