@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 
 import shardkit
 from backends import CACHE_URLS, PREFIX, RefusingCache, Target, require, run_together
+from shardkit._program import Blocking
+from shardkit.counters.ids import Guard, IdCore
 from shardkit.errors import BackendError, CounterKindMismatch, ValidationError
 from shardkit.store import Store
 
@@ -114,3 +117,26 @@ def test_a_take_of_an_unusable_count_is_refused_and_takes_nothing(
         with pytest.raises(ValidationError):
             ids.take(count)
         assert ids.next() == 3
+
+
+def test_an_allocator_is_built_with_its_guard_and_clock_checked(sqlite_url: str, name: str) -> None:
+    """The rules take the form's collaborators (a lock and a clock) and build their roles
+    with the kit's backends: one that cannot play its role is refused when built."""
+
+    class Allocator(IdCore, Blocking):
+        pass
+
+    class Clock:
+        def sleep(self, seconds: float) -> None:
+            raise AssertionError("no writer waits here")
+
+    with shardkit.connect(sqlite_url, "memory://", prefix=PREFIX) as kit:
+        info = kit.store.open_counter(name, IdCore.kind, 1)
+        with pytest.raises(TypeError, match="cannot play the role 'clock': it has no sleep"):
+            Allocator(info, kit.settings, 10, Guard(threading.Lock()), object())  # type: ignore[arg-type]
+        clock = Clock()
+        ids = Allocator(info, kit.settings, 10, Guard(threading.Lock()), clock)
+        roles = ids.roles
+        assert (roles.store, roles.cache, roles.clock) == (kit.store, kit.cache, clock)
+        assert ids.take(12) == list(range(1, 13))  # two blocks
+        assert kit.ids(name, block=10).next() == 13  # the same cache: the same block

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from shardkit import metrics
-from shardkit._program import Awaiting, arun, playing
+from shardkit._program import Awaiting, Clock, arun, playing
 from shardkit.aio.adjuster import AsyncAdjuster
 from shardkit.aio.cache import OffloadedCache
 from shardkit.aio.combine import AsyncCombiner
@@ -40,7 +40,7 @@ from shardkit.cache.memcached import MemcachedCache
 from shardkit.cache.memory import MemoryCache
 from shardkit.counters.base import Settings
 from shardkit.counters.buffered import BufferedCore, scheduled_flush
-from shardkit.counters.ids import Guard, IdCore, IdRoles
+from shardkit.counters.ids import Guard, IdCore
 from shardkit.counters.monotonic import MonotonicCore
 from shardkit.counters.sharded import ShardedCore, ShardedRoles, Write, Writes
 from shardkit.errors import ShardkitError
@@ -120,9 +120,7 @@ class AsyncIdAllocator(IdCore, Awaiting):
     blocks as the sync kit's (sync and async processes share the allocator)."""
 
     def __init__(self, info: CounterInfo, settings: AsyncSettings, block: int) -> None:
-        super().__init__(info, settings, block)
-        roles, guard = settings.roles, Guard(asyncio.Lock())
-        self.roles = IdRoles(roles.store, roles.cache, roles.adjuster, guard, asyncio)
+        super().__init__(info, settings, block, Guard(asyncio.Lock()), playing(asyncio, Clock))
 
 
 class _Polling:

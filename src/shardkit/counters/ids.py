@@ -84,14 +84,19 @@ class IdRoles(CounterRoles):
 
 class IdCore(CounterCore):
     """The id allocator's rules, for its sync and async forms (see ``IdAllocator``); its
-    programs run on ``IdRoles``."""
+    programs run on ``IdRoles``: the kit's backends, and the form's ``guard`` (a lock of
+    its kind) and ``clock`` (what waits), checked as it is built."""
 
     kind = "ids"
     """The counter's kind."""
     roles: IdRoles
 
-    def __init__(self, info: CounterInfo, options: Options, block: int) -> None:
+    def __init__(
+        self, info: CounterInfo, options: Options, block: int, guard: Guard, clock: Clock
+    ) -> None:
         super().__init__(info, options)
+        roles = options.roles
+        self.roles = IdRoles(roles.store, roles.cache, roles.adjuster, guard, clock)
         self.block = check_block(block)
         """Ids reserved in the store at a time."""
         self._pointer_key = pointer_key(options, info)
@@ -255,6 +260,4 @@ class IdAllocator(IdCore, Blocking):
     """
 
     def __init__(self, info: CounterInfo, settings: CounterSettings, block: int) -> None:
-        super().__init__(info, settings, block)
-        roles, guard = settings.roles, Guard(threading.Lock())
-        self.roles = IdRoles(roles.store, roles.cache, roles.adjuster, guard, time)
+        super().__init__(info, settings, block, Guard(threading.Lock()), time)
