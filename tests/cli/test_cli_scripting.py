@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
+from rich.cells import cell_len
 
 import shardkit
 from backends import PREFIX, store_url_for, wait_for
@@ -364,35 +365,40 @@ def test_a_server_that_cannot_listen_fails_before_saying_it_serves(run: Run, com
 
 # -- as a person sees it: an 80x24 terminal ---------------------------------------------
 
+WIDTH = 80
+LEFT, RIGHT = "┏┃┡│├└┌", "┓┃┩│┤┘┐"  # the borders of Rich's tables
+
 
 class Terminal:
     """A tmux server of its own with one 80x24 window running a shell; ``run`` types a
-    command and returns the screen once it has ended."""
+    command and returns what it printed as the screen shows it, each line the terminal
+    wrapped joined again (``capture-pane -J``): an overlong line shows as one."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.socket = f"shardkit-{uuid.uuid4().hex[:8]}"
-        size = ["-x", "80", "-y", "24"]
+        size = ["-x", str(WIDTH), "-y", "24"]
         self._tmux("new-session", "-d", *size, "bash", "--norc", env=env)
 
     def run(self, command: str, answer: tuple[str, str] | None = None) -> str:
-        """Clear the screen, run ``command`` (typing ``answer[1]`` once ``answer[0]``
-        shows below it) and return the screen once it has ended."""
+        """Run ``command`` (typing ``answer[1]`` once ``answer[0]`` shows below it) and
+        return what it printed once it has ended."""
         marker = f"done-{uuid.uuid4().hex[:6]}"
-        self._tmux("send-keys", "clear", "Enter")
-        self._tmux("send-keys", f"{command}; echo {marker}", "Enter")
+        typed = f"{command}; echo {marker}"
+        self._tmux("send-keys", typed, "Enter")
+
+        def printed() -> str:
+            return self.screen().partition(typed)[2].partition(f"\n{marker}")[0]
+
         if answer is not None:
             asked, reply = answer
-
-            def shown() -> bool:  # below the command typed (the clear may not show yet)
-                return asked in self.screen().partition(f"echo {marker}")[2]
-
-            wait_for(shown, f"{asked!r} to show", 60, self.screen)
+            wait_for(lambda: asked in printed(), f"{asked!r} to show", 60, self.screen)
             self._tmux("send-keys", reply, "Enter")
         wait_for(lambda: f"\n{marker}" in self.screen(), f"{command!r} to end", 60, self.screen)
-        return self.screen().split(f"\n{marker}")[0]
+        return printed()
 
     def screen(self) -> str:
-        return self._tmux("capture-pane", "-p")
+        """The window and its history, lines the terminal wrapped joined."""
+        return self._tmux("capture-pane", "-p", "-J", "-S", "-")
 
     def _tmux(self, *args: str, env: dict[str, str] | None = None) -> str:
         done = subprocess.run(
@@ -405,11 +411,57 @@ class Terminal:
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], check=False)
 
 
-def test_tables_fit_an_80_column_terminal(tmp_path: Path) -> None:
+def read(screen: str) -> list[list[str]]:
+    """Check ``screen`` as a person reads it, and return its tables (each its lines, top
+    border to bottom): a line over 80 columns is one word that no line could hold (a
+    line of several would have been broken at a space), nothing is cut (no "…"), and
+    each table's lines are as wide as its top border, no wider than 80, and end with a
+    border there."""
+    assert "…" not in screen, screen
+    tables: list[list[str]] = []
+    table: list[str] | None = None
+    for line in screen.splitlines():
+        assert cell_len(line) <= WIDTH or len(line.split()) == 1, f"overlong: {line!r}"
+        if line.startswith(("┏", "┌")):
+            table = []
+        if table is not None:
+            table.append(line)
+            if line.startswith("└"):
+                tables.append(table)
+                table = None
+    assert table is None, screen
+    for lines in tables:
+        width = cell_len(lines[0])
+        assert width <= WIDTH, lines[0]
+        for line in lines:
+            assert (cell_len(line), line[0] in LEFT, line[-1] in RIGHT) == (width, True, True), (
+                f"{line!r} is no row of a table {width} columns wide"
+            )
+    return tables
+
+
+def prose(screen: str) -> str:
+    """``screen``'s words, one space between each: a phrase found in it was broken, if at
+    all, at spaces."""
+    return " ".join(screen.split())
+
+
+def test_an_80_column_terminal_shows_names_whole_prose_broken_at_spaces_tables_that_fit(
+    tmp_path: Path,
+) -> None:
     if shutil.which("tmux") is None:
         pytest.fail("tmux is not installed (.ci/run installs it)")
-    url = f"sqlite:///{tmp_path / 'screen.db'}"
-    names = ["a-very-long-counter-name:" + "x" * 60, "views:home", "日本語の名前"]
+    folder = tmp_path / "a-folder-whose-name-makes-the-url-of-its-database-longer-than-a-line"
+    folder.mkdir()
+    url = f"sqlite:///{folder / 'screen.db'}"
+    short_url = f"sqlite:///{tmp_path / 'short.db'}"
+    short = ["views:home", "日本語の名前", "ünïcødé 名前"]
+    # Longer than a line; longer than a cell (wide characters); with spaces.
+    names = ["a-very-long-counter-name:" + "x" * 60, "日本語の名前" * 5, *short]
+    job_id = f"nightly-credit-{'9' * 40}"
+    with shardkit.connect(short_url) as kit:
+        for name in short:
+            kit.sharded(name).incr(7)
     with shardkit.connect(url) as kit:
         for index, name in enumerate(names):
             kit.sharded(name).incr(10**12 + index)
@@ -421,8 +473,7 @@ def test_tables_fit_an_80_column_terminal(tmp_path: Path) -> None:
         rows.create(kit.store.engine)  # type: ignore[attr-defined]
         with kit.store.engine.begin() as conn:  # type: ignore[attr-defined]
             conn.execute(rows.insert(), [{"id": n} for n in range(1, 3001)])
-        job = kit.map(rows, lambda batch: None, job=f"nightly-credit-{'9' * 40}")
-        job.wait(60)
+        kit.map(rows, lambda batch: None, job=job_id).wait(60)
     env = {
         **{k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "TMUX")},
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
@@ -433,28 +484,54 @@ def test_tables_fit_an_80_column_terminal(tmp_path: Path) -> None:
     terminal = Terminal(env)
     try:
         listed = terminal.run("shardkit list")
+        listed_short = terminal.run(f"shardkit --store {short_url} list")
         jobs = terminal.run("shardkit jobs")
         status = terminal.run("shardkit jobs status nightly")
         demo = terminal.run("shardkit demo --writers 1 --seconds 0.2")
         kept = terminal.run("shardkit reset views:home", ("[y/N]", "n"))
         reset = terminal.run("shardkit reset views:home", ("[y/N]", "y"))
         after = terminal.run("shardkit get views:home")
+        with shardkit.connect(url) as kit:  # its short id is the whole of each id
+            kit.map(rows, lambda batch: None, job=f"{job_id}9").wait(60)
+        jobs_long = terminal.run("shardkit jobs")
     finally:
         terminal.close()
     assert "Reset sharded counter views:home? [y/N]: n\nAborted!" in kept
     assert "Reset sharded counter views:home? [y/N]: y\nviews:home: reset (sharded)" in reset
     assert after.strip().endswith("0")
-    for screen in (listed, jobs, status, demo):
-        assert "…" not in screen, screen
-        assert all(len(line) <= 80 for line in screen.splitlines())
-    assert all(header in listed for header in ("name", "kind", "shards", "value"))
-    assert all(str(10**12 + index) in listed for index in range(3))
+    # Names too long for a table's cell: a block a counter, its name on a line of its own.
+    assert read(listed) == []
+    for index, name in enumerate(names):
+        assert f"\n{name}\n" in listed, listed
+        assert str(10**12 + index) in listed
+    for header in ("kind", "shards", "value"):
+        assert header in listed, listed
+    assert f"counters in {url}" in prose(listed)
+    (table,) = read(listed_short)
+    assert all(header in table[1] for header in ("name", "kind", "shards", "value"))
+    for name in short:
+        assert sum(name in line for line in table) == 1, listed_short
+    (table,) = read(jobs)
     for header in ("id", "state", "rows", "of about", "ranges left", "started"):
-        assert header in jobs, jobs
+        assert header in table[1], jobs
     assert "nightly-" in jobs
     assert "complete" in jobs
     assert "3,000" in jobs
+    assert read(jobs_long) == []
+    for each in (job_id, f"{job_id}9"):
+        assert f"\n{each}\n" in jobs_long, jobs_long
+    assert read(status) == []
+    assert f"job      {job_id}" in status
     assert "rows     3,000 of about 3,000" in status
+    (table,) = read(demo)
     for header in ("mode", "writers", "ops", "ops/s", "vs naive", "counted", "exact"):
-        assert header in demo, demo
+        assert header in table[1], demo
     assert "✗" not in demo
+    for phrase in (
+        f"store {url}, cache memory://",
+        "so sharding shows its gain on PostgreSQL/MySQL",
+        "(with memory:// each process has its own cache).",
+        "kit.map: add 10 to each of 20,000 rows, page by page",
+        "every row exactly +10",
+    ):
+        assert phrase in prose(demo), demo

@@ -20,38 +20,43 @@ import shardkit
 from shardkit import metrics
 
 if TYPE_CHECKING:
-    from rich.console import Console
+    from rich.table import Table
+
+    from .screen import Screen
 
 
 class _Output:
-    """Plain lines, and a Rich console made when first needed (Rich is imported then, so
-    that ``--help`` and a command that prints a line do not pay for it): user text is
-    never markup, output that is not a terminal is never wrapped or cut."""
+    """Lines of text, and a ``Screen`` made when first needed (Rich is imported then, so
+    that ``--help`` and a command whose lines go to a file or a pipe do not pay for it):
+    user text is never markup; on a terminal, lines are broken at spaces only, and tables
+    shown only when they fit; output that is not a terminal is never wrapped or cut."""
 
     def __init__(self, *, stderr: bool = False) -> None:
         self._stderr = stderr
-        self._console: Console | None = None
+        self._screen: Screen | None = None
 
     @property
-    def console(self) -> Console:
-        if self._console is None:
-            from rich.console import Console
+    def console(self) -> Screen:
+        if self._screen is None:
+            from .screen import Screen
 
-            console = Console(
-                stderr=self._stderr, highlight=False, markup=False, emoji=False, soft_wrap=True
-            )
-            if not console.is_terminal:
-                console.width = 1_000_000
-            self._console = console
-        return self._console
+            self._screen = Screen(stderr=self._stderr, markup=False)
+        return self._screen
 
     def print(self, *objects: Any) -> None:
-        """Print ``objects``: lines of text as they are (Rich is not needed for them),
-        anything else (a table, a progress bar) through the console."""
-        if all(isinstance(each, str) for each in objects):
+        """Print ``objects``: lines of text as they are when they do not go to a
+        terminal (Rich is not needed for them), anything else through the console."""
+        stream = sys.stderr if self._stderr else sys.stdout
+        if all(isinstance(each, str) for each in objects) and not stream.isatty():
             click.echo(" ".join(objects), err=self._stderr)
         else:
             self.console.print(*objects)
+
+    def listing(self, table: Table) -> None:
+        """Print ``table``, or its rows as blocks if they do not fit (``screen.listing``)."""
+        from .screen import listing
+
+        listing(self.console, table)
 
 
 out = _Output()

@@ -340,14 +340,14 @@ def list_counters(context: Context, as_json: bool) -> None:
 
     out.print(shown(f"counters in {kit.store.url}"))
     table = Table(
-        Column("name", overflow="fold", ratio=1),
+        "name",
         "kind",
-        Column("shards", justify="right", no_wrap=True),
-        Column("value", justify="right", no_wrap=True),
+        Column("shards", justify="right"),
+        Column("value", justify="right"),
     )
     for row in rows:
         table.add_row(shown(row["name"]), row["kind"], str(row["shards"]), str(row["value"]))
-    out.print(table)
+    out.listing(table)
 
 
 @main.command("purge-keys")

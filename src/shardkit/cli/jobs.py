@@ -94,12 +94,12 @@ def jobs(ctx: click.Context, limit: int, as_json: bool) -> None:
 
     short = _short_ids(status.id for status in every)
     table = Table(
-        Column("id", overflow="fold"),
+        "id",
         "state",
-        Column("rows", justify="right", no_wrap=True),
-        Column("of about", justify="right", no_wrap=True),
-        Column("ranges left", justify="right", no_wrap=True),
-        Column("started", no_wrap=True),
+        Column("rows", justify="right"),
+        Column("of about", justify="right"),
+        Column("ranges left", justify="right"),
+        "started",
     )
     for status in statuses:
         table.add_row(
@@ -110,7 +110,7 @@ def jobs(ctx: click.Context, limit: int, as_json: bool) -> None:
             f"{status.pending:,}",
             time.strftime("%m-%d %H:%M", time.localtime(status.created_at)),
         )
-    out.print(table)
+    out.listing(table)
 
 
 def _state(state: str) -> Text:

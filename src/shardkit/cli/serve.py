@@ -130,16 +130,12 @@ def demo(context: Context, writers: int, seconds: float, as_json: bool) -> None:
     --json: {"store", "cache", "seconds", "exact", "races": [{"mode", "writers", "ops",
     "ops_per_second", "counted", "exact"}], "map": {"state", "rows", "pages", "ranges",
     "depth", "exact"}}, printed at the end."""
-    from rich.console import Console
-
     from shardkit.demo import run_demo
 
-    shows = None
-    if not as_json:
-        # The demo's own text is styled with Rich markup (the URLs in it escaped).
-        shows = Console(highlight=False, emoji=False, soft_wrap=True)
-        if not shows.is_terminal:
-            shows.width = 1_000_000
+    from .screen import Screen
+
+    # The demo's own text is styled with Rich markup (the URLs in it escaped).
+    shows = None if as_json else Screen()
     result = run_demo(
         context.store,
         context.cache,
