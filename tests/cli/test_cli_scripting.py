@@ -500,10 +500,10 @@ def test_an_80_column_terminal_shows_names_whole_prose_broken_at_spaces_tables_t
     assert "Reset sharded counter views:home? [y/N]: y\nviews:home: reset (sharded)" in reset
     assert after.strip().endswith("0")
     # Names too long for a table's cell: a block a counter, its name on a line of its own.
-    assert read(listed) == []
     for index, name in enumerate(names):
         assert f"\n{name}\n" in listed, listed
         assert str(10**12 + index) in listed
+    assert read(listed) == []
     for header in ("kind", "shards", "value"):
         assert header in listed, listed
     assert f"counters in {url}" in prose(listed)
@@ -517,9 +517,9 @@ def test_an_80_column_terminal_shows_names_whole_prose_broken_at_spaces_tables_t
     assert "nightly-" in jobs
     assert "complete" in jobs
     assert "3,000" in jobs
-    assert read(jobs_long) == []
     for each in (job_id, f"{job_id}9"):
         assert f"\n{each}\n" in jobs_long, jobs_long
+    assert read(jobs_long) == []
     assert read(status) == []
     assert f"job      {job_id}" in status
     assert "rows     3,000 of about 3,000" in status
