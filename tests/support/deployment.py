@@ -55,11 +55,13 @@ class Deployment:
         self, host: Host, argv: list[str], log: Path, env: Mapping[str, str] | None = None
     ) -> subprocess.Popen[bytes]:
         """Start ``argv`` on ``host`` (with ``env`` added to its environment, and this
-        directory importable), its output in ``log``."""
+        directory importable ahead of this process's ``PYTHONPATH``), its output in
+        ``log``."""
+        path = os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))
         with open(log, "wb") as out:
             process = subprocess.Popen(
                 host.command(argv),
-                env={**os.environ, "PYTHONPATH": str(SUPPORT), **(env or {})},
+                env={**os.environ, "PYTHONPATH": path, **(env or {})},
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
