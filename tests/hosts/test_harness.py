@@ -9,6 +9,7 @@ import signal
 import pytest
 import redis
 
+from backends import wait_for
 from deployment import Deployment
 
 pytestmark = pytest.mark.slow
@@ -21,8 +22,8 @@ def test_a_partitioned_host_is_cut_off_until_healed(deployment: Deployment) -> N
     one.partition()
     assert not one.reaches(store.address, store.port)
     assert two.reaches(store.address, store.port)
-    one.heal()
-    assert one.reaches(store.address, store.port)
+    one.heal()  # its link comes up, and its neighbours are found again, in a moment
+    wait_for(lambda: one.reaches(store.address, store.port), "the healed host's link", 30)
 
 
 def test_the_cluster_keeps_each_replica_on_another_host(deployment: Deployment) -> None:
