@@ -10,9 +10,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +23,35 @@ import sqlalchemy as sa
 
 from backends import PREFIX, SUPPORT, Samples, parse_samples, sample, scrape, wait_for
 from celery_app import Config
-from host_work import acknowledged
+from host_work import Call, acknowledged, calls
 from hosts import Host, Hosts
 from servers import PostgresServer, RedisClusterServers, RedisServer, running
 
 METRICS_PORT = 9464  # where writers serve their metrics, on their host's address
+
+
+@dataclass(frozen=True)
+class Cut:
+    """When a host was cut off and joined again, by ``time.monotonic()`` (one clock for
+    every process of the machine): the link went down between ``cutting`` and ``cut``,
+    and up between ``healing`` and ``healed``."""
+
+    cutting: float
+    cut: float
+    healing: float
+    healed: float
+
+    def phase(self, call: Call) -> str:
+        """Where ``call`` lies: ``before`` the cut (it returned before it), ``during`` it
+        (begun once the host was cut off, returned before it joined again), ``after``
+        (begun once it had joined again), or ``across`` the cut or the heal."""
+        if call.ended < self.cutting:
+            return "before"
+        if self.cut < call.began and call.ended < self.healing:
+            return "during"
+        if self.healed < call.began:
+            return "after"
+        return "across"
 
 
 class Deployment:
@@ -147,6 +173,29 @@ class Deployment:
         """The writes acknowledged so far (on ``host``'s writers)."""
         pids = [process.pid for each, process, _ in self.started if host in (None, each)]
         return sum(len(acknowledged(self.directory, pid)) for pid in pids)
+
+    def pid(self, host: Host) -> int:
+        """The process id of ``host``'s writers."""
+        [pid] = [process.pid for each, process, _ in self.started if each is host]
+        return pid
+
+    def calls(self, host: Host) -> list[Call]:
+        """The acknowledged calls of ``host``'s writers."""
+        return [call for made in calls(self.directory, self.pid(host)).values() for call in made]
+
+    def cut_off(self, victim: Host, seconds: float, progress: int) -> Cut:
+        """Cut ``victim`` off for ``seconds``, and at least until the writers of each
+        other host have had ``progress`` more writes acknowledged; then join it again."""
+        cutting = time.monotonic()
+        victim.partition()
+        cut = time.monotonic()
+        for host, _, _ in self.started:
+            if host is not victim:
+                self.goes_on(host, progress)
+        time.sleep(max(0.0, seconds - (time.monotonic() - cut)))
+        healing = time.monotonic()
+        victim.heal()
+        return Cut(cutting, cut, healing, time.monotonic())
 
     def goes_on(self, host: Host | None, more: int) -> None:
         """Wait until ``more`` writes were acknowledged (on ``host``) from now."""

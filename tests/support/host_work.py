@@ -15,11 +15,15 @@ This module run as a program writes counters from one host:
 Each of its ``THREADS`` threads writes the counter ``NAME`` until the file
 ``DIRECTORY/stop`` exists, and appends one fixed-size record per acknowledged write to
 its own file ``DIRECTORY/<pid>-<thread>.acks`` with one ``write`` call (a SIGKILL loses
-at most the acknowledgement being recorded):
+at most the acknowledgement being recorded): a value, and when the call that was
+acknowledged began and returned (``time.monotonic()``, one clock for every process of
+the machine, whatever its network namespace):
 
-* ``sharded``: ``incr(1, key=…)``, retried with the same key after a failure until it
-  is acknowledged (the record: 1); a thread that is stopped finishes its write first;
-  one more thread reads the counter's cached value (``value()``) over and over;
+* ``sharded``: ``incr(1, key="<pid>-<thread>-<n>")``, the thread's ``n``-th key,
+  retried with the same key after a failure until it is acknowledged (the record: ``n``,
+  or ``-n`` where the retry found the key applied already); a thread that is stopped
+  finishes its write first; one more thread reads the counter's cached value
+  (``value()``) over and over;
 * ``buffered``: ``incr(1)`` (the record: 1; a failed one is not recorded, though it
   may have counted);
 * ``ids``: ``next()`` (the record: the id).
@@ -39,23 +43,40 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
 import shardkit
 
-RECORD = struct.Struct("<q")
+RECORD = struct.Struct("<qdd")  # a Call
 PAUSE = 0.05  # seconds a thread waits after a failure
 
 
-def acknowledged(directory: Path, pid: int | None = None) -> list[int]:
-    """Every record of every thread's file in ``directory`` (of process ``pid``'s)."""
-    values: list[int] = []
+class Call(NamedTuple):
+    """An acknowledged write, as a writer thread recorded it."""
+
+    value: int
+    began: float
+    """When the call that was acknowledged began (``time.monotonic()``)."""
+    ended: float
+    """When it returned."""
+
+
+def calls(directory: Path, pid: int | None = None) -> dict[str, list[Call]]:
+    """The records of each thread in ``directory`` (of process ``pid``'s), in the order
+    it made them, by its name (``<pid>-<thread>``)."""
+    threads: dict[str, list[Call]] = {}
     for path in sorted(directory.glob(f"{pid or '*'}-*.acks")):
         data = path.read_bytes()
-        values += [value for (value,) in RECORD.iter_unpack(data[: len(data) // 8 * 8])]
-    return values
+        whole = data[: len(data) // RECORD.size * RECORD.size]
+        threads[path.stem] = [Call(*record) for record in RECORD.iter_unpack(whole)]
+    return threads
+
+
+def acknowledged(directory: Path, pid: int | None = None) -> list[int]:
+    """The values of every thread's records in ``directory`` (of process ``pid``'s)."""
+    return [call.value for made in calls(directory, pid).values() for call in made]
 
 
 def failures(directory: Path, pid: int | None = None) -> int:
@@ -72,6 +93,7 @@ def _thread(write: Callable[[int], int], directory: Path, number: int, keyed: bo
     while not stop.exists():
         sequence += 1
         while True:
+            began = time.monotonic()
             try:
                 value = write(sequence)
                 break
@@ -82,7 +104,7 @@ def _thread(write: Callable[[int], int], directory: Path, number: int, keyed: bo
                     break
                 time.sleep(PAUSE)
         if value is not None:
-            os.write(acks, RECORD.pack(value))
+            os.write(acks, RECORD.pack(value, began, time.monotonic()))
 
 
 _held = threading.Event()  # this process held a page already
@@ -124,9 +146,9 @@ def _writer(kit: shardkit.Kit, kind: str, name: str, thread: int) -> Callable[[i
 
     def write(sequence: int) -> int:
         if kind == "sharded":  # False when a retry finds it applied: counted once all the same
-            counter.incr(1, key=f"{os.getpid()}-{thread}-{sequence}")
-        else:
-            counter.incr(1)
+            applied = counter.incr(1, key=f"{os.getpid()}-{thread}-{sequence}")
+            return sequence if applied else -sequence
+        counter.incr(1)
         return 1
 
     return write
