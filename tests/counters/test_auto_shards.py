@@ -17,6 +17,7 @@ import sqlalchemy as sa
 
 import shardkit
 from backends import PREFIX, redis_database, store_url_for, wait_for
+from received import shard_counts
 from shardkit.counters.sharded import _SHARDS_REFRESH
 from shardkit.counters.sizing import BUSY, LOOKBACK, SETTLE, WINDOW, Sizing, Window
 from workers import auto_writer
@@ -50,20 +51,27 @@ def _run_writers(store_url: str, name: str, processes: int) -> tuple[int, list[i
 def test_writers_taking_turns_on_a_row_grow_the_counter_once_and_count_exactly(
     kind: str, sqlite_url: str
 ) -> None:
+    """4 writer processes take turns on the row of a counter that 12 more writers are
+    reported to write (as other processes of a fleet count themselves): the processes
+    that decide, each at most once in its run (``SETTLE``), see 12 to 16 writers in a
+    second (each process counts itself once a window, a second at least), which all
+    round up to 16 shards. The store's row takes one growth, from 1 to 16."""
     store_url = store_url_for(kind, sqlite_url)
     name = f"test:auto:{uuid.uuid4().hex}"
-    with shardkit.connect(store_url, CACHE, prefix=PREFIX) as kit:
+    with (
+        shardkit.connect(store_url, CACHE, prefix=PREFIX) as kit,
+        shard_counts(kit.store.engine, PREFIX, name) as written,
+    ):
         assert kit.sharded(name, shards="auto").shards == 1  # created with one
-    done, seen = _run_writers(store_url, name, 4)
-    with shardkit.connect(store_url, CACHE, prefix=PREFIX) as kit:
-        counter = kit.sharded(name)
-        assert counter.value(fresh=True) == done  # exact through every growth
-        grown = counter.shards
-    # Each process decided at most once in its run (SETTLE), from the writers it saw in
-    # a second (4, fewer while their first windows close on a busy machine, one more at
-    # a window's edge), rounded up to a power of two; the store keeps the largest.
+        _report_writers(kit, name, 12, RUN)
+        done, seen = _run_writers(store_url, name, 4)
+        with shardkit.connect(store_url, CACHE, prefix=PREFIX) as reader:
+            counter = reader.sharded(name)
+            assert counter.value(fresh=True) == done  # exact through the growth
+            grown = counter.shards
+        assert written() == [1, 16]  # created with one shard, grown once, to 16
     assert SECONDS < SETTLE
-    assert grown in (2, 4, 8), (grown, seen)
+    assert grown == 16
     assert max(seen) == grown  # the one count, as the process that decided it writes
 
 
@@ -136,15 +144,16 @@ def _row_held(store_url: str, name: str) -> Iterator[None]:
 
 
 GROWN = 30.0  # seconds: a deadline for a counter to grow, never a pause
+RUN = 120.0  # seconds: a deadline for writer processes to start and finish their run
 
 
-def _report_writers(kit: shardkit.Kit, name: str, writers: int) -> None:
+def _report_writers(kit: shardkit.Kit, name: str, writers: int, span: float = GROWN) -> None:
     """Count ``writers`` more writers of ``name`` in every second of a test's run (up to
-    ``GROWN`` seconds from now), as other processes would count themselves."""
+    ``span`` seconds from now), as other processes would count themselves."""
     second = int(time.time() / WINDOW)
-    for offset in range(-LOOKBACK, int(GROWN / WINDOW) + 2):
+    for offset in range(-LOOKBACK, int(span / WINDOW) + 2):
         key = kit.settings.cache_key(name, f"sharded:writers:{second + offset}")
-        kit.cache.add(key, writers, 2 * GROWN)
+        kit.cache.add(key, writers, 2 * span)
 
 
 def _growths() -> float:
@@ -197,8 +206,6 @@ def test_an_async_counter_waiting_on_its_row_grows_once_and_counts_exactly(
     store_url = store_url_for("postgres", sqlite_url)
     name = f"test:auto:{uuid.uuid4().hex}"
     caplog.set_level(logging.INFO, logger="shardkit")
-    with shardkit.connect(store_url, CACHE, prefix=PREFIX) as kit:
-        _report_writers(kit, name, 3)
 
     async def main() -> tuple[int, int, int]:
         async with shardkit.aio.connect(store_url, CACHE, prefix=PREFIX) as kit:
@@ -213,7 +220,13 @@ def test_an_async_counter_waiting_on_its_row_grows_once_and_counts_exactly(
                     done += 2
             return await counter.read_shards(), await counter.value(fresh=True), done
 
-    shards, value, done = asyncio.run(main())
+    with (
+        shardkit.connect(store_url, CACHE, prefix=PREFIX) as kit,
+        shard_counts(kit.store.engine, PREFIX, name) as written,
+    ):
+        _report_writers(kit, name, 3)
+        shards, value, done = asyncio.run(main())
+        assert written() == [1, 4]  # created with one shard, grown once, to 4
     assert (shards, value) == (4, done)
     assert len(_logged_growths(caplog)) == 1
 

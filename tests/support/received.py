@@ -20,11 +20,12 @@ from shardkit.counters.buffered import _BASE as BASE
 from shardkit.store.base import RETIRED
 
 
-def _trigger_ddl(dialect: str, table: str, log: str) -> tuple[list[str], list[str]]:
+def _trigger_ddl(dialect: str, table: str, log: str, value: str) -> tuple[list[str], list[str]]:
     """The statements that make, and drop, row triggers logging the ``name`` of every row
-    of ``table`` inserted or updated into ``log``."""
-    create_log = f"CREATE TABLE {log} (name VARCHAR(255) NOT NULL)"
-    record = f"INSERT INTO {log} (name) VALUES (NEW.name)"
+    of ``table`` inserted or updated, and ``value`` (an integer expression of the row,
+    ``NEW``), into ``log``."""
+    create_log = f"CREATE TABLE {log} (name VARCHAR(255) NOT NULL, value BIGINT)"
+    record = f"INSERT INTO {log} (name, value) VALUES (NEW.name, {value})"
     if dialect == "postgresql":
         return [
             create_log,
@@ -44,29 +45,51 @@ def _trigger_ddl(dialect: str, table: str, log: str) -> tuple[list[str], list[st
 
 
 @contextlib.contextmanager
+def _logged(
+    engine: sa.Engine, table: str, name: str, value: str
+) -> Iterator[Callable[[], list[int | None]]]:
+    """Within the block, a function listing ``value`` (see ``_trigger_ddl``) of every row
+    of ``table`` whose ``name`` is ``name`` that the database inserted or updated since
+    the block began, logged by the database (row triggers); a rolled-back statement's
+    rows are not."""
+    log = f"{table}_w{uuid.uuid4().hex[:8]}"
+    create, drop = _trigger_ddl(engine.dialect.name, table, log, value)
+    with engine.begin() as conn:
+        for statement in create:
+            conn.exec_driver_sql(statement)
+
+    def values() -> list[int | None]:
+        with engine.connect() as conn:
+            query = sa.text(f"SELECT value FROM {log} WHERE name = :name")
+            return list(conn.execute(query, {"name": name}).scalars())
+
+    try:
+        yield values
+    finally:
+        with engine.begin() as conn:
+            for statement in drop:
+                conn.exec_driver_sql(statement)
+
+
+@contextlib.contextmanager
 def row_writes(engine: sa.Engine, table: str, name: str) -> Iterator[Callable[[], int]]:
     """Within the block, a function counting the rows of ``table`` whose ``name`` is
     ``name`` that the database inserted or updated since the block began, counted by
     the database (row triggers). An upsert writes one row, so on a counter's shard
     table this is the number of upserts the server ran, combined or not; a rolled-back
     statement's rows do not count."""
-    log = f"{table}_w{uuid.uuid4().hex[:8]}"
-    create, drop = _trigger_ddl(engine.dialect.name, table, log)
-    with engine.begin() as conn:
-        for statement in create:
-            conn.exec_driver_sql(statement)
+    with _logged(engine, table, name, "NULL") as values:
+        yield lambda: len(values())
 
-    def count() -> int:
-        with engine.connect() as conn:
-            query = sa.text(f"SELECT count(*) FROM {log} WHERE name = :name")
-            return int(conn.execute(query, {"name": name}).scalar_one())
 
-    try:
-        yield count
-    finally:
-        with engine.begin() as conn:
-            for statement in drop:
-                conn.exec_driver_sql(statement)
+@contextlib.contextmanager
+def shard_counts(engine: sa.Engine, prefix: str, name: str) -> Iterator[Callable[[], list[int]]]:
+    """Within the block, a function listing the shard counts the database wrote into the
+    row of counter ``name`` (tables ``prefix``…) since the block began: the count it was
+    created with, then one per growth (a growth to a count the row has already writes
+    nothing), in order (a count only grows)."""
+    with _logged(engine, f"{prefix}counters", name, "NEW.shards") as values:
+        yield lambda: sorted(int(value) for value in values() if value is not None)
 
 
 def _redis_increments(client: redis.Redis) -> int:
