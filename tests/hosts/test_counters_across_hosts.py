@@ -249,16 +249,18 @@ def test_buffered_increments_that_raised_are_the_only_doubt_across_a_cut_off_sto
     """Writers on every host; the store's host is cut off with its writers. Its writers'
     increments fail (the cache is out of their reach) with ``BackendUnavailable``, none
     acknowledged while it is cut off; a failed one may or may not have counted (one in
-    flight at the cut may have reached the cache). The other hosts' increments go on
-    into the cache, their flushes failing until the store is back. The cache loses
-    nothing, so the count lies within [acknowledged, acknowledged + failed], each side
-    counted exactly, and a flush then moves all of it into the store."""
+    flight at the cut may have reached the cache). The other hosts' increments go into
+    the cache until their periodic look at the store (``cache_ttl``) waits for it, and
+    may fail then, having counted nothing; their flushes fail until the store is back.
+    The cache loses nothing, so the count lies within [acknowledged, acknowledged +
+    failed], each side counted exactly, and a flush then moves all of it into the
+    store."""
     name = f"test:hosts:buffered:{uuid.uuid4().hex}"
     victim = deployment.hosts[0]
     deployment.writers("buffered", name, tmp_path, THREADS, on=list(deployment.hosts))
     for host in deployment.hosts:
         deployment.goes_on(host, PROGRESS)
-    cut = deployment.cut_off(victim, PARTITION, PROGRESS)
+    cut = deployment.cut_off(victim, PARTITION, 0)
     deployment.goes_on(victim, PROGRESS)
     failed = failures(tmp_path, deployment.pid(victim))
     metrics = deployment.metrics(victim)
