@@ -202,8 +202,8 @@ def test_json_objects_have_the_documented_keys(run: Run, name: str) -> None:
 def test_delete_and_reset_ask_first(run: Run, name: str, sqlite_url: str) -> None:
     run("incr", name, "--by", "7")
 
-    def answer(command: str, reply: str) -> tuple[int, str, str]:
-        arguments = ["--store", sqlite_url, "--prefix", PREFIX, command, name]
+    def answer(command: str, reply: str, counter: str = name) -> tuple[int, str, str]:
+        arguments = ["--store", sqlite_url, "--prefix", PREFIX, command, counter]
         result = CliRunner().invoke(main, arguments, input=reply)
         return result.exit_code, result.stdout, result.stderr
 
@@ -219,9 +219,14 @@ def test_delete_and_reset_ask_first(run: Run, name: str, sqlite_url: str) -> Non
     assert run("get", name)[0] == 1
     ids = f"{name}:ids"
     run("ids", ids, "--count", "3")
+    refused = "is an id allocator: a reset would hand its ids out again"
     code, out, err = run("reset", ids, "--yes")
     assert (code, out) == (1, "")
-    assert "is an id allocator: a reset would hand its ids out again" in err
+    assert refused in err
+    code, out, err = answer("reset", "y\n", ids)  # refused before asking: no question
+    assert (code, out) == (1, "")
+    assert err.startswith(f"error: {ids!r} {refused} ")
+    assert err.count("\n") == 1
     assert run("delete", ids, "--yes")[0] == 0
     assert run("ids", ids, "--count", "1") == (0, "1001\n", "")  # above every id before
 

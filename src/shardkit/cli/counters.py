@@ -9,6 +9,7 @@ from typing import Any, Literal
 import click
 
 import shardkit
+from shardkit.store.base import check_reset
 from shardkit.validation import check_name
 
 # Deliberately the same list as serve.py's: each module uses every one of these.
@@ -162,8 +163,8 @@ def grow(context: Context, name: str, shards: int, as_json: bool) -> None:
 
 
 def _ending(verb: str, reset: bool, doc: str) -> None:
-    """Define the command ``verb`` (``delete`` or ``reset``): ask (unless --yes), then
-    end the counter."""
+    """Define the command ``verb`` (``delete`` or ``reset``): refuse what may not be
+    ended so (an id allocator's reset), ask (unless --yes), then end the counter."""
 
     @main.command(verb, help=doc)
     @click.argument("name")
@@ -175,6 +176,8 @@ def _ending(verb: str, reset: bool, doc: str) -> None:
         info = kit.store.counter(check_name(name))
         if info is None:
             raise shardkit.CounterNotFound(f"no counter named {name!r} in {kit.store.url}")
+        if reset:
+            check_reset(info)  # refused before asking
         if not yes:
             question = f"{verb.capitalize()} {info.kind} counter {shown(name)}?"
             click.confirm(question, abort=True, err=True)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from shardkit._program import role
+from shardkit.errors import ValidationError
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,20 @@ class Deleted:
 
 RETIRED = 0
 """The generation that accumulates a counter's retired generations (no cache keys)."""
+
+IDS = "ids"
+"""The kind of id allocators, whose marks outlive them."""
+
+
+def check_reset(info: CounterInfo) -> None:
+    """Raise ``ValidationError`` if the counter ``info`` describes may not be reset: an id
+    allocator never is. Stores call it before they change anything, front ends before
+    they ask."""
+    if info.kind == IDS:
+        raise ValidationError(
+            f"{info.name!r} is an id allocator: a reset would hand its ids out again "
+            "(delete it: one made again under the name goes on above them)"
+        )
 
 
 @dataclass(frozen=True)

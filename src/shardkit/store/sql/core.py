@@ -25,9 +25,8 @@ from shardkit.errors import (
     CounterOverflow,
     InvalidDelta,
     ShardkitError,
-    ValidationError,
 )
-from shardkit.store.base import RETIRED, CounterInfo, Deleted, Flushed
+from shardkit.store.base import IDS, RETIRED, CounterInfo, Deleted, Flushed, check_reset
 from shardkit.validation import sums_fit
 
 from .dialect import Dialect, added, greatest_of
@@ -35,7 +34,6 @@ from .schema import Tables
 
 _T = TypeVar("_T")
 _DEADLOCK_RETRIES = 5
-IDS = "ids"  # the kind of id allocators, whose marks outlive them
 
 
 @role("sql")
@@ -233,11 +231,8 @@ class SqlCore(Tables):
             if found is None:
                 return None
             info = _info(found)
-            if reset and info.kind == IDS:
-                raise ValidationError(
-                    f"{name!r} is an id allocator: a reset would hand its ids out again "
-                    "(delete it: one made again under the name goes on above them)"
-                )
+            if reset:
+                check_reset(info)
             generations = [
                 int(generation)
                 for (generation,) in conn.execute(
