@@ -73,6 +73,11 @@ class KitCore(Generic[_S, _B, _M, _I]):
         # The counters opened lately, so that opening one again costs no round trip;
         # bounded, since applications open a counter per entity (poll, video, …).
         self._counters: OrderedDict[str, _S | _B | _M | _I] = OrderedDict()
+        self.turnover = 0
+        """How many times an object this kit held stopped being the one it holds for its
+        name (replaced by one opened anew, dropped for room, or its counter ended): what
+        a caller opened through the kit while this stands still is what the kit would
+        hand it (the Django app's counts keep what they opened so)."""
 
     def _open(
         self,
@@ -105,10 +110,13 @@ class KitCore(Generic[_S, _B, _M, _I]):
         info = yield from call(Store.open_counter, name, core.kind, size, grow=grow)
         counter = new(info)
         with self._lock:
+            replaced = self._counters.get(name) is not None
             self._counters[name] = counter  # type: ignore[assignment]  # one of the form's
             self._counters.move_to_end(name)
             if len(self._counters) > _OPEN_COUNTERS:
                 self._counters.popitem(last=False)
+                replaced = True
+            self.turnover += replaced
         return counter
 
     def held(self, name: str) -> _S | _B | _M | _I | None:
@@ -310,6 +318,7 @@ class KitCore(Generic[_S, _B, _M, _I]):
             raise CounterNotFound(f"no counter named {name!r} in {self.roles.store.url}")
         with self._lock:
             opened = self._counters.pop(name, None)
+            self.turnover += opened is not None
         stripes = self._options.default_stripes
         if opened is not None:
             opened._expire()

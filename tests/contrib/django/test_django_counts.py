@@ -231,6 +231,51 @@ def test_a_counting_update_writes_within_the_shards_its_process_holds(
     assert views(video) == 7
 
 
+def test_a_fixed_count_grows_a_counter_held_with_fewer_shards_before_it_writes(
+    database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A count of ``shards=8`` whose object's counter this process holds as automatic (1
+    shard) grows it to 8 before its first counting update, which writes within the 8."""
+    monkeypatch.setattr(counting._tickets, "ticket", (os.getpid(), 5), raising=False)
+    monkeypatch.setattr(Video.views, "shards", 8)
+    video = Video.objects.create(title="a")
+    name = Video.views.counter_name(Video, video.pk)
+    assert kit().sharded(name).shards == 1  # held, automatic
+    assert Video.objects.filter(pk=video.pk).update(views=F("views") + 2) == 1
+    assert shard_rows(name) == {5: 2}  # ticket 5 among 8 shards
+    assert (kit().store.counter(name).shards, views(video)) == (8, 2)  # type: ignore[union-attr]
+
+
+def test_a_count_opens_each_objects_counter_through_the_kit_once(
+    database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counting updates, ``incr()`` and ``value()`` of an object open its counters
+    through the kit once; again only once the kit stopped holding one (ended here)."""
+    the_kit = kit()
+    opened: list[str] = []
+    for kind in ("sharded", "buffered"):
+        real = getattr(the_kit, kind)
+
+        def opening(name: str, *args: Any, real: Any = real) -> Any:
+            opened.append(name)
+            return real(name, *args)
+
+        monkeypatch.setattr(the_kit, kind, opening)  # counts the kit's opens
+    video = Video.objects.create(title="a")
+    for _ in range(3):
+        assert Video.objects.filter(pk=video.pk).update(views=F("views") + 1) == 1
+        assert Video.objects.filter(pk__in=[video.pk]).update(likes=F("likes") + 1) == 1
+        video.views.incr()
+        video.likes.incr()
+        assert views(video) > 0
+    names = [Video.views.counter_name(Video, video.pk), Video.likes.counter_name(Video, video.pk)]
+    assert sorted(opened) == sorted(names)
+    the_kit.delete(names[0])
+    video.views.incr()
+    assert opened.count(names[0]) == 2
+    assert views(video) == 1
+
+
 @pytest.mark.parametrize("database", ["postgres"], indirect=True)
 def test_counting_updates_waiting_on_their_row_grow_the_count_once(
     database: str, caplog: pytest.LogCaptureFixture

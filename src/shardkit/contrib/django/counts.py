@@ -26,6 +26,7 @@ from django.db import models, transaction
 
 from shardkit.counters import BufferedCounter, ShardedCounter
 from shardkit.errors import ValidationError
+from shardkit.kit import Kit
 from shardkit.validation import check_delta, check_exists_ttl, check_interval, check_shards
 
 from .conf import database, kit
@@ -88,6 +89,10 @@ class ShardedCount:
             )
         self.name = ""
         self.model: type[models.Model] | None = None
+        # The counters this count opened through the kit, by name, with the kit and its
+        # turnover then: good while both stand (see ``counter``).
+        self._opened: tuple[Kit | None, int, dict[str, ShardedCounter | BufferedCounter]]
+        self._opened = (None, 0, {})
 
     def contribute_to_class(self, cls: type[models.Model], name: str) -> None:
         """Called by Django's model metaclass: become the ``name`` attribute of ``cls``."""
@@ -120,11 +125,35 @@ class ShardedCount:
         return f"{owner._meta.label_lower}.{self.name}:{pk}"
 
     def counter(self, model: type[models.Model], pk: Any) -> ShardedCounter | BufferedCounter:
-        """The shardkit counter of ``model``'s object ``pk``."""
+        """The shardkit counter of ``model``'s object ``pk``, opened through the kit (a
+        fixed ``shards=N`` grows it to N) once: kept, and handed out again without the
+        kit, until the kit stops holding an object it held (its ``turnover``: a counter
+        ended, opened anew, or dropped for room) or is replaced."""
+        counter = self.held(model, pk, opening=True)
+        assert counter is not None  # opened
+        return counter
+
+    def held(
+        self, model: type[models.Model], pk: Any, *, opening: bool = False
+    ) -> ShardedCounter | BufferedCounter | None:
+        """``counter(model, pk)`` if this count or the kit holds it open, else None
+        (without ``opening``) or opened now: no round trip unless the kit opens it (or
+        grows it to a fixed count's shards)."""
         name = self.counter_name(model, pk)
-        if self.buffered:
-            return kit().buffered(name, self.interval)
-        return kit().sharded(name, self.shards)
+        the_kit = kit()
+        turnover = the_kit.turnover  # read before opening: a change meanwhile is seen next
+        held_by, seen, opened = self._opened
+        if held_by is not the_kit or seen != turnover:
+            opened = {}
+            self._opened = (the_kit, turnover, opened)
+        counter = opened.get(name)
+        if counter is None and (opening or the_kit.held(name) is not None):
+            if self.buffered:
+                counter = the_kit.buffered(name, self.interval)
+            else:
+                counter = the_kit.sharded(name, self.shards)
+            opened[name] = counter
+        return counter
 
     def add(self, model: type[models.Model], pk: Any, delta: int) -> None:
         """Add ``delta`` to the count of ``model``'s object ``pk`` as part of the

@@ -138,8 +138,8 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
         row of each; return their keys. Each counter's cached value is moved when the
         transaction commits. Filtered by its key alone (``by_pk``), the statement is made
         once per model and count, not compiled from the queryset each time, and is given
-        the shards of a counter this process holds open (``writing_shards``) rather than
-        reading them."""
+        the shards of a counter this process holds open (``writing_shards``; a fixed
+        count's at least, to which it grows the counter first) rather than reading them."""
         the_kit = kit()
         store = the_kit.store
         assert isinstance(store, DjangoStore)
@@ -154,7 +154,9 @@ class CountingQuerySet(models.QuerySet[_M], Generic[_M]):
             sql = counting_sql(db, tables, self.model, "count one")
             name = count.counter_name(self.model, by_pk[0])
             pk = pk_field.get_db_prep_value(by_pk[0], connection)
-            held = the_kit.held(name)  # its shards known: not read by the statement
+            # One this process holds gives its shards (grown first to a fixed count's),
+            # not read by the statement.
+            held = count.held(self.model, by_pk[0])
             known = held.writing_shards() if isinstance(held, ShardedCounter) else 0
             params = [name, ticket, known, name, created, delta, pk]
         else:
