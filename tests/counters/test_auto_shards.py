@@ -26,12 +26,14 @@ CACHE = redis_database(11)  # shared by the writer processes: they count each ot
 SECONDS = 4.0  # each writer's run: a few windows
 
 
-def _run_writers(store_url: str, name: str, processes: int) -> tuple[int, list[int]]:
-    """``processes`` spawned writers on ``name`` at once; their increments' total and
-    the shard counts they ended with."""
+def _run_writers(
+    store_url: str, name: str, processes: int, cache: str = CACHE
+) -> tuple[int, list[int]]:
+    """``processes`` spawned writers on ``name`` at once, on ``cache``; their increments'
+    total and the shard counts they ended with."""
     context = multiprocessing.get_context("spawn")
     start, results = context.Event(), context.Queue()
-    where = (store_url, CACHE, PREFIX)
+    where = (store_url, cache, PREFIX)
     children = [
         context.Process(target=auto_writer, args=(where, name, SECONDS, start, results))
         for _ in range(processes)
@@ -73,6 +75,22 @@ def test_writers_taking_turns_on_a_row_grow_the_counter_once_and_count_exactly(
     assert SECONDS < SETTLE
     assert grown == 16
     assert max(seen) == grown  # the one count, as the process that decided it writes
+
+
+def test_with_the_in_process_cache_writer_processes_never_grow_it_together(
+    sqlite_url: str,
+) -> None:
+    """The stated limit: with ``memory://`` each process counts only itself among the
+    counter's writers, so 4 processes taking turns on its row leave it at one shard (with
+    a shared cache they grow it: the test above)."""
+    store_url = store_url_for("postgres", sqlite_url)
+    name = f"test:auto:{uuid.uuid4().hex}"
+    done, seen = _run_writers(store_url, name, 4, cache="memory://")
+    assert done > 4 * 2 * BUSY  # busy enough to be measured
+    assert seen == [1, 1, 1, 1]
+    with shardkit.connect(store_url, prefix=PREFIX) as kit:
+        counter = kit.sharded(name, 1)
+        assert (counter.shards, counter.value(fresh=True)) == (1, done)
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres", "mysql"])
