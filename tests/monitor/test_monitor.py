@@ -28,6 +28,7 @@ from sqlalchemy.engine import make_url
 import shardkit
 from backends import (
     CACHE_URLS,
+    CI,
     NEVER,
     PREFIX,
     ROOT,
@@ -271,6 +272,48 @@ def test_the_live_gauges_of_killed_processes_leave_the_sum(
         processes[0].kill()  # and not reaped: a zombie has ended too
         wait_for(lambda: running(jobs[0]) is None, "the killed process' range to leave", 30)
         assert running(jobs[1]) == 1
+    engine.dispose()
+
+
+def test_a_process_of_another_pid_namespace_is_judged_by_its_pid_here(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stated limit (the operating page: the processes must share the endpoint's pid
+    namespace): a process in a pid namespace of its own is pid 1 there, and its files
+    are named so; killed, its range still counts as running here, where pid 1 runs."""
+    unshare = shutil.which("unshare")
+    if os.geteuid() != 0 or unshare is None:
+        reason = "a pid namespace needs root and unshare (util-linux)"
+        if CI:
+            pytest.fail(f"required in CI: {reason}")
+        pytest.skip(reason)
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    engine = sa.create_engine(sqlite_url)
+    with contextlib.ExitStack() as stack:
+        table = stack.enter_context(numbered_table(engine, "namespaced", 50))
+        command = [sys.executable, str(SUPPORT / "running_job.py"), sqlite_url, PREFIX]
+        isolated = [unshare, "--pid", "--fork", "--kill-child", *command, table.name]
+        process = stack.enter_context(
+            subprocess.Popen(isolated, env=env, stdout=subprocess.PIPE, text=True)
+        )
+        stack.callback(process.kill)
+        assert process.stdout is not None
+        job = process.stdout.readline().strip()
+        (inside,) = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
+        assert [path.name for path in tmp_path.glob("gauge_live*_1.db")]  # named for pid 1
+        collected = registry(None)
+
+        def running() -> float | None:
+            value = collected.get_sample_value("shardkit_job_ranges_running", {"job_id": job})
+            return None if value is None else float(value)
+
+        assert running() == 1
+        process.kill()  # and --kill-child kills the job's process
+        process.wait(30)
+        wait_for(lambda: not Path(f"/proc/{inside}").exists(), "the job's process to end", 30)
+        assert running() == 1  # still counted: pid 1 runs here
     engine.dispose()
 
 
