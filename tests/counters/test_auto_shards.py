@@ -18,6 +18,7 @@ import sqlalchemy as sa
 import shardkit
 from backends import PREFIX, redis_database, store_url_for, wait_for
 from received import shard_counts
+from shardkit import _program
 from shardkit.counters.sharded import _SHARDS_REFRESH
 from shardkit.counters.sizing import BUSY, LOOKBACK, SETTLE, WINDOW, Sizing, Window
 from workers import auto_writer
@@ -283,6 +284,34 @@ def test_a_writer_takes_up_a_growth_decided_elsewhere_within_the_refresh(
     # The write that took it up ended once the refresh was due, the one before began before.
     assert ends[-1] >= looked + _SHARDS_REFRESH
     assert len(starts) == 1 or starts[-2] < looked + _SHARDS_REFRESH
+
+
+def test_a_reported_write_runs_a_program_only_when_it_ends_a_window(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``wrote``, which the Django app calls for each counting update: timed in the
+    counter's window, with no program run (none of a rule's cost) until a write ends it."""
+    runs: list[object] = []
+    real = _program.run
+
+    def counted(program: _program.Program[object], roles: _program.Roles) -> object:
+        runs.append(program)
+        return real(program, roles)
+
+    now = [0.0]
+    with shardkit.connect(sqlite_url, prefix=PREFIX) as kit:
+        counter = kit.sharded(f"test:auto:{uuid.uuid4().hex}")
+        counter._sizing = Sizing(kit.settings.max_shards, clock=lambda: now[0])  # as automatic
+        monkeypatch.setattr(_program, "run", counted)  # counts the programs run
+        for _ in range(50):
+            counter.wrote(0.001, 1)
+        assert runs == []
+        now[0] += WINDOW
+        counter.wrote(0.001, 1)  # ends the window: its writers counted in the cache
+        assert len(runs) == 1
+        second = int(time.time() / WINDOW)  # the window's, or the one after
+        keys = [counter._writers_key(second - ago) for ago in (0, 1)]
+        assert sum(kit.cache.get_many(keys).values()) == 1
 
 
 def test_sizing_waits_for_busy_contended_windows_and_settles() -> None:

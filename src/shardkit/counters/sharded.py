@@ -163,11 +163,18 @@ class ShardedCore(CounterCore):
         statement of the caller's: the Django app's counting updates, whose ``writer``
         is the ticket of the thread that made it, which picks its shard): an automatic
         counter may grow from it (``counters.sizing``)."""
+        sizing = self._timed(seconds, writer)
+        if sizing is not None:
+            yield from sizing
+
+    def _timed(self, seconds: float, writer: object) -> Program[None] | None:
+        """Time a write (``wrote``): the program deciding on a growth when the write ended
+        a window of this counter's writes (once a second at most), else None: nothing to
+        run."""
         if self._sizing is None:
-            return
+            return None
         window = self._sizing.timed(seconds, writer)
-        if window is not None:
-            yield from self._sized(self._sizing, window)
+        return None if window is None else self._sized(self._sizing, window)
 
     def _sized(self, sizing: Sizing, window: Window) -> Program[None]:
         """After a window of this process's writes (``counters.sizing``): count its
@@ -319,6 +326,14 @@ class ShardedCounter(ShardedCore, Blocking):
         """The current shard count, read from the store: ``read_shards()``, which is the
         async counter's one way to read it (``await counter.read_shards()``)."""
         return self.read_shards()
+
+    def wrote(self, seconds: float, writer: object = None) -> None:
+        """``ShardedCore.wrote``, running a program only when the write ended a window:
+        a caller reporting each of its writes (the Django app's counting updates) pays
+        for no more than the timing in between."""
+        sizing = self._timed(seconds, writer)
+        if sizing is not None:
+            self._carry_out(sizing)
 
 
 def value_key(options: Options, name: str) -> str:
