@@ -120,3 +120,42 @@ def test_the_metrics_count_the_services_writes(where: tuple[str, str]) -> None:
         )
 
     assert run(where, work) == (30, 20)
+
+
+def test_each_request_looks_up_fastapis_tracer_provider(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stated limit (the example's README): with FastAPI's defaults, its native
+    telemetry looks up OpenTelemetry's global tracer provider on every request, a
+    request that counts nothing too; ``FastAPI(telemetry={"tracing": False, …})`` does
+    not."""
+    from fastapi import FastAPI
+    from opentelemetry import trace
+
+    looked_up: list[object] = []
+    real = trace.get_tracer_provider
+
+    def counted() -> trace.TracerProvider:
+        looked_up.append(None)
+        return real()
+
+    monkeypatch.setattr(trace, "get_tracer_provider", counted)
+    where = (f"sqlite:///{tmp_path / 'service.db'}", "memory://")
+
+    async def refused(c: httpx.AsyncClient) -> list[int]:
+        return [(await c.post(f"/items/{'x' * 1000}/hit")).status_code for _ in range(5)]
+
+    assert run(where, refused) == [400] * 5  # nothing counted
+    assert len(looked_up) == 5
+
+    looked_up.clear()
+    quiet = FastAPI(telemetry={"tracing": False, "metrics": False, "logs": False})
+    quiet.get("/")(lambda: {})
+
+    async def requested() -> int:
+        transport = httpx.ASGITransport(app=quiet)
+        async with httpx.AsyncClient(transport=transport, base_url="http://quiet") as c:
+            return (await c.get("/")).status_code
+
+    assert asyncio.run(requested()) == 200
+    assert looked_up == []
