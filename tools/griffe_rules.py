@@ -51,6 +51,9 @@ def _parameters(cls: griffe.Class) -> dict[str, str]:
 
 
 def _classes(module: griffe.Module) -> list[griffe.Class]:
+    """The classes defined in ``module`` and its submodules, each once. An alias (a
+    re-export) is never followed: modules that re-export each other would have the walk
+    go round them for ever (``tests/docs/test_griffe_rules.py``)."""
     found = []
     for member in module.members.values():
         if member.is_alias:
