@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import Phase, settings
 
 import shardkit
 from backends import (
@@ -44,6 +44,11 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 # HYPOTHESIS_PROFILE=explore draws new ones (and keeps failing examples in .hypothesis/).
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 settings.register_profile("explore", derandomize=False)
+# tools/mutate.py: the ci profile's examples, a failure reported as found (a mutant is
+# killed by any failing example; shrinking it would only spend the run's time).
+settings.register_profile(
+    "mutation", settings.get_profile("ci"), phases=[Phase.explicit, Phase.generate], deadline=None
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Every kit of the tests records metrics (so every test runs the instrumented paths), in

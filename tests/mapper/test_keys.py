@@ -17,6 +17,7 @@ from shardkit.errors import ValidationError
 from shardkit.mapper.keys import (
     KeyRange,
     UnsupportedKey,
+    ahead,
     decode_key,
     dump_key,
     encode_key,
@@ -127,6 +128,29 @@ def test_interpolate_ints_with_room_gives_all_points_evenly_spaced(lo, gap, part
     assert max(steps) - min(steps) <= 1
 
 
+@pytest.mark.parametrize(
+    ("lo", "hi", "parts", "points"),
+    [
+        (0, 10, 2, [5]),
+        (0, 10, 3, [3, 6]),
+        (b"\x00", b"\x01", 3, [b"\x00\x55", b"\x00\xaa"]),  # one digit longer than the keys
+        (b"\x01\x00", b"\x03", 2, [b"\x02\x00"]),  # as long as lo at least
+        ("\ud7ff", "\ue001", 2, ["\ue000"]),  # the surrogates skipped
+        ((1, "a"), (1, "c"), 2, [(1, "b")]),
+    ],
+)
+def test_interpolate_examples(lo, hi, parts, points):
+    """The points themselves: evenly spaced, one digit finer than the keys, no shorter
+    than ``lo``; the middle for a midpoint."""
+    assert interpolate(lo, hi, parts) == points
+    assert midpoint(lo, hi) == interpolate(lo, hi, 2)[0]
+
+
+def test_an_alphabet_of_one_character_is_ignored():
+    """A single character is no alphabet (no digit between): code points are used."""
+    assert interpolate("a", "aaa", 2, "a") == interpolate("a", "aaa", 2) != []
+
+
 def has_room(lo, hi) -> bool:
     """Whether some key lies strictly between ``lo < hi`` (ints, UUIDs, bytes, str)."""
     if isinstance(lo, UUID):
@@ -200,6 +224,60 @@ def test_interpolate_refuses_mismatched_or_unsupported_types(lo, hi):
         interpolate(lo, hi, 4)
 
 
+@pytest.mark.parametrize(
+    ("lo", "hi", "message"),
+    [
+        (True, 5, "booleans are not keys"),
+        (1, 2.5, "cannot interpolate between 1 and 2.5"),
+        ((1, "a"), (1, "a", 2), r"composite keys of different lengths: \(1, 'a'\), \(1, 'a', 2\)"),
+    ],
+)
+def test_interpolate_says_why_it_refuses(lo, hi, message):
+    with pytest.raises(UnsupportedKey, match=f"^{message}$"):
+        interpolate(lo, hi, 4)
+
+
+# --- ahead ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("first", "last", "end", "pages"),
+    [
+        (0, 10, 30, 2.0),
+        (0, 10, 10, 0.0),
+        (0, 10, 5, 0.0),  # the end behind the page: nothing left
+        (0, 4, 5, 0.25),
+        (UUID(int=0), UUID(int=10), UUID(int=30), 2.0),
+        (b"a", b"b", b"d", 1.0),  # over the alphabet the keys use: 'c' is not in it
+        ("a", "b", "d", 1.0),
+        ("a", "ab", "b", 0.5),  # a, ab, b: positions 3, 5 and 6 over {a, b} and padding
+        ((1, 0), (1, 10), (1, 30), 2.0),  # by the first part that differs
+        ((1, "x"), (2, "x"), (4, "a"), 2.0),
+        (0, 1, 2**40, 2.0**40 - 1),
+        (0, 1, 2**40 + 1, 2.0**40),  # at most 2**40
+        (0, 1, 2**60, 2.0**40),
+    ],
+)
+def test_ahead_counts_the_pages_like_one_left_to_the_end(first, last, end, pages):
+    assert ahead(first, last, end) == pages
+
+
+@pytest.mark.parametrize(
+    ("first", "last", "end"),
+    [
+        (10, 10, 30),  # an empty stretch
+        (10, 5, 30),
+        (1, "a", 3),  # not of one type
+        ((1, 2), 3, 4),
+        ((1, 2), (1, 2), (1, 2)),  # no part differs
+        (True, True, True),  # no arithmetic
+        (1.0, 2.0, 3.0),
+    ],
+)
+def test_ahead_is_none_without_arithmetic_or_a_stretch(first, last, end):
+    assert ahead(first, last, end) is None
+
+
 # --- KeyRange.split / contains ----------------------------------------------------------
 
 
@@ -238,6 +316,11 @@ def test_split_at_interpolated_points_partitions_the_range(kind, data, parts):
 def test_split_without_points_is_the_range_itself():
     assert KeyRange(1, 9).split([]) == [KeyRange(1, 9)]
     assert KeyRange().split([3, 3, 5]) == [KeyRange(None, 3), KeyRange(3, 5), KeyRange(5, None)]
+
+
+def test_past_a_key_drops_the_lower_bound():
+    assert KeyRange(1, 10).past(None) == KeyRange(1, 10)
+    assert KeyRange(1, 10).past(5) == KeyRange(None, 10)
 
 
 def test_contains_is_lo_inclusive_hi_exclusive():
@@ -281,6 +364,19 @@ def test_encode_key_refuses_unsupported_types(key):
         encode_key(key)
     assert isinstance(caught.value, ValidationError)
     assert isinstance(caught.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        (1.5, "keys of type float cannot be mapped: 1.5"),
+        ((1, True), "keys of type bool cannot be mapped: True"),  # the part refused
+    ],
+)
+def test_encode_key_names_what_it_refuses(key, message):
+    with pytest.raises(UnsupportedKey) as caught:
+        encode_key(key)
+    assert str(caught.value) == message
 
 
 # --- KeyRange.id --------------------------------------------------------------------------

@@ -1,0 +1,337 @@
+"""How a range task plans what follows a full page (``shardkit.mapper.planning``): the
+arithmetic of cuts and estimates, and ``Planner.plan`` over a table of an in-memory
+SQLite database (a backend of the product, no service)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from backends import wait_for
+from shardkit.executor import LocalExecutor
+from shardkit.mapper.keys import KeyRange
+from shardkit.mapper.ledger import Child, RangeRow
+from shardkit.mapper.planning import (
+    Planner,
+    _between,
+    _children,
+    _estimate_left,
+    _has_nul,
+    _inside,
+    _targets,
+    seek,
+)
+from shardkit.mapper.source import Statistics, TableSource
+from shardkit.mapper.spec import MapSpec
+
+KEYS = range(1000)  # the table's keys: 0 … 999
+
+
+class Elsewhere:
+    """An executor that is not the local one (as a Celery deployment is): only its type
+    matters to a planner."""
+
+    url = "elsewhere://"
+
+
+@pytest.fixture
+def table() -> Iterator[tuple[sa.Connection, TableSource]]:
+    engine = sa.create_engine("sqlite://")
+    metadata = sa.MetaData()
+    rows = sa.Table("rows", metadata, sa.Column("k", sa.Integer, primary_key=True))
+    with engine.connect() as conn:
+        metadata.create_all(conn)
+        conn.execute(rows.insert(), [{"k": key} for key in KEYS])
+        yield conn, TableSource(rows, "k")
+    engine.dispose()
+
+
+def spec_of(source: TableSource, page_size: int = 10, fanout: int = 4) -> MapSpec:
+    return MapSpec(source, lambda conn, rows: None, None, page_size, fanout, False, 0)  # type: ignore[arg-type]
+
+
+def range_row(
+    rng: KeyRange | None = None, depth: int = 0, visited: int = 0, planned: int | None = None
+) -> RangeRow:
+    """A range of the ledger (by default the root: every key)."""
+    return RangeRow("r", rng or KeyRange(), None, depth, visited, planned)
+
+
+def page(conn: sa.Connection, source: TableSource, rng: KeyRange, size: int) -> list[Any]:
+    return list(source.page(conn, rng, None, size))
+
+
+# --- the arithmetic ---------------------------------------------------------------------
+
+
+def test_targets_cut_two_edges_evenly_by_key_arithmetic() -> None:
+    # Between 10 and 999, at a quarter, a half and three quarters, to a 64th.
+    assert _targets([10, 999], 4) == [257, 504, 751]
+    assert _targets([10, 999], 2) == [504]
+    assert _targets([10, 999], 1) == []
+
+
+def test_targets_cut_a_histogram_at_equal_shares_of_its_buckets() -> None:
+    edges = [0, 10, 100, 1000, 10_000]  # four buckets of about equal rows
+    assert _targets(edges, 4) == [10, 100, 1000]  # on the bounds themselves
+    assert _targets(edges, 2) == [100]
+    # A third of the way is 4/3 buckets in: 21/64 of the second bucket (10 … 100); two
+    # thirds, 43/64 of the third (100 … 1000).
+    assert _targets(edges, 3) == [10 + 90 * 21 // 64, 100 + 900 * 43 // 64]
+
+
+def test_targets_over_strings_use_the_alphabet_of_the_bounds() -> None:
+    edges = ["a0", "a8", "b0", "b8"]
+    targets = _targets(edges, 6)
+    assert all(set(target) <= set("ab08") for target in targets)
+    assert targets == sorted(set(targets))
+    assert len(targets) == 5
+
+
+def test_targets_drop_keys_with_nul_and_repeated_or_crossed_cuts() -> None:
+    # No room between "item1" and "item1\x01" but "item1\x00…": no cut at all.
+    assert _targets(["item1", "item1\x01"], 4) == []
+    # Adjacent ints: every cut falls on an edge or has no room; each kept once.
+    assert _targets([0, 1, 2], 8) == [1]
+    # Keys Python cannot order (a NULL in a composite key): each once, in the order found.
+    edges = [(0, 0), (1, None), (1, None), (1, "x"), (2, 0)]
+    assert _targets(edges, 4) == [(1, None), (1, "x")]
+
+
+def test_inside_steps_a_64th_at_a_time_or_to_the_nearest_room() -> None:
+    assert _inside(0, 640, 1, "") == 10
+    assert _inside(0, 640, 32, "") == 320
+    assert _inside(0, 640, 63, "") == 630
+    assert _inside(0, 4, 32, "") == 2  # three points only: the middle one
+    assert _inside(0, 1, 32, "") is None  # no room
+    assert _inside(1, "a", 32, "") is None  # no arithmetic between them
+    assert _inside("a", "c", 32, "abc") == "b"
+
+
+def test_inside_composite_keys_without_room_step_to_the_next_first_part() -> None:
+    assert _inside((1, 5), (2, 9), 32, "") == (2, 5)
+    assert _inside((1, 5), (2, 3), 32, "") is None  # (2, 5) is past hi
+    assert _inside((1, 5), (1, 6), 32, "") is None  # nothing between, nothing to step
+    assert _inside((1, None), (2, 3), 32, "") is None  # parts Python cannot compare
+
+
+def test_has_nul_looks_into_every_string_part() -> None:
+    assert _has_nul("a\0")
+    assert _has_nul((1, "a\0b"))
+    assert not _has_nul("a")
+    assert not _has_nul((1, b"\0"))  # bytes may hold NUL
+    assert not _has_nul(0)
+
+
+def test_between_keeps_the_bounds_past_after_and_below_high() -> None:
+    bounds = [10, 20, 30, 40]
+    assert _between(bounds, None, 40) == [10, 20, 30]
+    assert _between(bounds, 10, 40) == [20, 30]
+    assert _between(bounds, 5, 31) == [10, 20, 30]
+    assert _between([1, "a"], 0, 5) == []  # cannot compare: none
+
+
+def test_children_share_the_rows_left_and_the_first_keeps_the_checkpoint() -> None:
+    children = _children(KeyRange(0, 100), [30, 60], 12, 301)
+    assert children == [
+        Child(KeyRange(0, 30), 12, 101),
+        Child(KeyRange(30, 60), None, 101),
+        Child(KeyRange(60, 100), None, 101),
+    ]
+    assert _children(KeyRange(0, 100), [50], None, None) == [
+        Child(KeyRange(0, 50), None, None),
+        Child(KeyRange(50, 100), None, None),
+    ]
+
+
+STATS = Statistics(1000, [100, 200, 300, 400, 500, 600, 700, 800, 900, 999])
+
+
+@pytest.mark.parametrize(
+    ("stats", "row", "done", "inside", "density", "left"),
+    [
+        # Within a plan: what the plan leaves, or the density if smaller.
+        (STATS, range_row(depth=1, planned=500), 100, [], None, 400),
+        (STATS, range_row(depth=1, planned=500), 100, [], 300, 300),
+        (STATS, range_row(depth=1, planned=500), 100, [], 450, 400),
+        # The root: the larger of the density and the rows not done, at most the rows.
+        (STATS, range_row(), 100, [], None, 900),
+        (STATS, range_row(), 100, [], 950, 950),
+        (STATS, range_row(), 100, [], 5000, 1000),
+        (Statistics(None), range_row(), 100, [], 5000, 5000),
+        (Statistics(None), range_row(), 100, [], None, None),
+        (Statistics(2000), range_row(), 3000, [], None, 0),  # never below nothing
+        # Past a plan, deeper: the histogram's buckets past the page (3 of 9).
+        (STATS, range_row(depth=1, planned=50), 100, [700, 800, 900], None, 333),
+        (STATS, range_row(depth=1, planned=50), 100, [700, 800, 900], 2000, 2000),
+        (STATS, range_row(depth=1, planned=50), 100, [], None, 50),  # nothing tells
+        (Statistics(1000, [5]), range_row(depth=1, planned=50), 100, [5], None, 50),
+        (STATS, range_row(depth=1), 100, [700], None, 111),
+    ],
+)
+def test_the_rows_left_are_estimated_from_the_plan_the_page_and_the_statistics(
+    stats: Statistics,
+    row: RangeRow,
+    done: int,
+    inside: list[Any],
+    density: int | None,
+    left: int | None,
+) -> None:
+    assert _estimate_left(stats, row, done, inside, density) == left
+
+
+# --- seek and plan --------------------------------------------------------------------------
+
+
+def test_seek_finds_the_real_keys_at_or_above_each_target_and_above_the_last(
+    table: tuple[sa.Connection, TableSource],
+) -> None:
+    conn, source = table
+    assert seek(conn, source, KeyRange(None, 500), 9, [100.5, 300, 300, 10]) == [101, 300, 301, 302]
+    assert seek(conn, source, KeyRange(None, 500), 9, [499, 600]) == [499]  # none past hi
+    assert seek(conn, source, KeyRange(), 998, [10]) == [999]
+    assert seek(conn, source, KeyRange(), 999, [10]) == []
+
+
+def test_a_short_page_ends_the_range(table: tuple[sa.Connection, TableSource]) -> None:
+    conn, source = table
+    row = range_row(KeyRange(995, None), depth=1, planned=7)
+    rows = page(conn, source, row.range, 10)
+    assert Planner(Elsewhere()).plan(conn, spec_of(source), row, rows, 999, STATS) == ([], 7)  # type: ignore[arg-type]
+
+
+def test_a_fanout_of_one_goes_on_in_place(table: tuple[sa.Connection, TableSource]) -> None:
+    conn, source = table
+    rows = page(conn, source, KeyRange(), 10)
+    plan = Planner(Elsewhere()).plan(conn, spec_of(source, fanout=1), range_row(), rows, 9, STATS)  # type: ignore[arg-type]
+    assert plan == (None, None)
+
+
+def test_the_root_splits_into_fanout_children_planned_at_its_estimate(
+    table: tuple[sa.Connection, TableSource],
+) -> None:
+    conn, source = table
+    rows = page(conn, source, KeyRange(), 10)
+    children, planned = Planner(Elsewhere()).plan(  # type: ignore[arg-type]
+        conn, spec_of(source), range_row(), rows, 9, Statistics(1000)
+    )
+    assert planned is None
+    # 990 keys left, the page's density says 1,100: 1,000 at most, the rows; leaves of
+    # 62 rows (1,000 over fanout**2): 4 children, cut evenly between 10 and 999.
+    assert children == [
+        Child(KeyRange(None, 257), 9, 250),
+        Child(KeyRange(257, 504), None, 250),
+        Child(KeyRange(504, 751), None, 250),
+        Child(KeyRange(751, None), None, 250),
+    ]
+
+
+def test_the_root_cuts_at_the_histogram_when_it_has_bounds_inside(
+    table: tuple[sa.Connection, TableSource],
+) -> None:
+    conn, source = table
+    rows = page(conn, source, KeyRange(), 10)
+    stats = Statistics(1000, [0, 250, 400, 600, 999])  # four buckets of about 250 rows
+    children, _ = Planner(Elsewhere()).plan(conn, spec_of(source), range_row(), rows, 9, stats)  # type: ignore[arg-type]
+    assert [child.range for child in children or []] == [
+        KeyRange(None, 250),
+        KeyRange(250, 400),
+        KeyRange(400, 600),
+        KeyRange(600, None),
+    ]
+
+
+def test_a_range_within_its_leaf_goes_on_in_place_planned_at_what_is_left(
+    table: tuple[sa.Connection, TableSource],
+) -> None:
+    conn, source = table
+    row = range_row(KeyRange(500, 600), depth=1, visited=40, planned=100)
+    rows = page(conn, source, KeyRange(540, 600), 10)
+    plan = Planner(Elsewhere()).plan(conn, spec_of(source), row, rows, 549, Statistics(1000))  # type: ignore[arg-type]
+    assert plan == (None, 100)  # 50 left of its plan: within a leaf of 62
+
+
+def test_a_small_range_past_its_plan_goes_on_planned_at_its_estimate(
+    table: tuple[sa.Connection, TableSource],
+) -> None:
+    conn, source = table
+    row = range_row(KeyRange(500, 560), depth=1, visited=40, planned=50)
+    rows = page(conn, source, KeyRange(540, 560), 10)
+    plan = Planner(Elsewhere()).plan(conn, spec_of(source), row, rows, 549, Statistics(1000))  # type: ignore[arg-type]
+    # Past its plan: 10 keys a page over 9 of key space, 10 more up to 559: 11 rows.
+    assert plan == (None, 61)
+
+
+def test_a_range_with_no_room_for_a_cut_goes_on_at_its_estimate(
+    table: tuple[sa.Connection, TableSource],
+) -> None:
+    conn, source = table
+    row = range_row(KeyRange(0, 12), depth=1, planned=5)
+    rows = page(conn, source, row.range, 10)
+    # The histogram puts half a million rows past the page (a bound, 10, of 2 buckets):
+    # more than a leaf, but only the keys 10 and 11 are left, with no room between.
+    stats = Statistics(10**6, [0, 10, 20])
+    plan = Planner(Elsewhere()).plan(conn, spec_of(source), row, rows, 9, stats)  # type: ignore[arg-type]
+    assert plan == (None, 10 + 500_000)
+
+
+@pytest.fixture
+def executor() -> Iterator[LocalExecutor]:
+    """A local executor of 4 workers, all idle."""
+    the_executor = LocalExecutor(workers=4)
+    the_executor.bind({"nothing": lambda args: None}, None)  # type: ignore[arg-type]
+    the_executor.submit("nothing", {})
+    wait_for(lambda: the_executor.idle == 4, "4 idle workers")
+    yield the_executor
+    the_executor.close()
+
+
+def test_a_range_within_its_plan_splits_for_idle_workers(
+    table: tuple[sa.Connection, TableSource], executor: LocalExecutor
+) -> None:
+    conn, source = table
+    planner = Planner(executor)
+    row = range_row(KeyRange(100, 600), depth=1, visited=90, planned=500)
+    rows = page(conn, source, KeyRange(190, 600), 10)
+    # A leaf is 2,000 rows / 4 workers; 400 left of the plan, within it: a share for
+    # itself and each of 3 idle workers (fanout - 1), 100 rows each, cut evenly from 200.
+    children, planned = planner.plan(conn, spec_of(source), row, rows, 199, Statistics(2000))
+    assert planned == 500
+    assert [(child.range, child.planned) for child in children or []] == [
+        (KeyRange(100, 299), 100),
+        (KeyRange(299, 399), 100),
+        (KeyRange(399, 499), 100),
+        (KeyRange(499, 600), 100),
+    ]
+    # The 3 workers stay claimed by this thread until it unclaims them.
+    assert planner._claim(3) == 1
+    planner.unclaim()
+    assert planner._claim(3) == 3
+
+
+def test_claims_are_at_most_the_idle_workers_no_run_claimed(executor: LocalExecutor) -> None:
+    planner = Planner(executor)
+    assert planner._claim(0) == 0
+    assert planner._claim(2) == 2
+    assert planner._claims == {threading_ident(): 2}
+    planner.unclaim()
+    assert planner._claims == {}
+    assert planner._claim(9) == 4
+    assert Planner(Elsewhere())._claim(3) == 0  # type: ignore[arg-type]
+
+
+def test_a_job_aims_at_a_leaf_per_local_worker_or_fanout_squared_elsewhere(
+    table: tuple[sa.Connection, TableSource],
+) -> None:
+    _, source = table
+    assert Planner(LocalExecutor(workers=3))._leaves(spec_of(source, fanout=4)) == 3
+    assert Planner(Elsewhere())._leaves(spec_of(source, fanout=4)) == 16  # type: ignore[arg-type]
+
+
+def threading_ident() -> int:
+    import threading
+
+    return threading.get_ident()
