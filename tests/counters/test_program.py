@@ -278,3 +278,91 @@ def test_playing_declares_an_async_backend_as_its_role_and_checks_it(
     config, cache = str(root / "pyproject.toml"), str(root / ".mypy_cache")
     out, _, _ = mypy.api.run(["--config-file", config, "--cache-dir", cache, str(source)])
     assert 'Revealed type is "played.Counting"' in out, out
+
+
+def test_a_role_made_at_run_time_has_its_public_methods_and_call() -> None:
+    """``role`` marks the public methods and ``__call__`` (not private ones, nor other
+    attributes); programs call them with positional and keyword arguments alike, and a
+    ``Roles`` field named as the role checks its backend for each of them."""
+
+    @role("teller")
+    class Teller:
+        limit = 10  # not a method
+
+        def tell(self, n: int, *, unit: str) -> str:
+            return f"{n} {unit}"
+
+        def __call__(self) -> str:
+            return "called"
+
+        def _private(self) -> None: ...
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Telling(Roles):
+        teller: Teller
+        other: object  # no role of that name: nothing to check
+
+    made = call(Teller.tell, 3, unit="s")
+    assert (made.role, made.name, made.args, made.kwargs) == ("teller", "tell", (3,), {"unit": "s"})
+    assert call(Teller.__call__).name == "__call__"
+    with pytest.raises(TypeError, match="is not a method of a role"):
+        call(Teller._private)
+
+    def telling() -> Program[tuple[str, str]]:
+        told = yield from call(Teller.tell, 3, unit="s")
+        called = yield from call(Teller.__call__)
+        return told, called
+
+    roles = Telling(Teller(), object())
+    assert run(telling(), roles) == ("3 s", "called")
+    assert asyncio.run(arun(telling(), roles)) == ("3 s", "called")
+
+    class NoCall:
+        def tell(self, n: int, *, unit: str) -> str:
+            return ""
+
+    class NoTell:
+        def __call__(self) -> str:
+            return ""
+
+    with pytest.raises(TypeError, match="it has no __call__"):
+        Telling(NoCall(), object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="it has no tell"):
+        Telling(NoTell(), object())  # type: ignore[arg-type]
+
+
+def test_forms_made_at_run_time_hold_every_rule_they_inherit() -> None:
+    class Core:
+        def __init__(self, backend: Backend) -> None:
+            self.roles = Playing(backend)
+
+        @rule
+        def once(self, n: int) -> Program[int]:
+            """Double ``n``."""
+            return (yield from call(Backend.double, n))
+
+        @rule
+        def twice(self, n: int) -> Program[int]:
+            return doubling(Trace(), n)
+
+    class Tripler(Core):
+        @rule
+        def twice(self, n: int) -> Program[int]:  # replaced: the form takes this one
+            value = yield from call(Backend.double, n)
+            return value + n
+
+    class Sync(Tripler, Blocking):
+        pass
+
+    class Async(Tripler, Awaiting):
+        pass
+
+    assert Tripler.once.program.__name__ == "once"  # the program itself, named as it
+    assert Tripler.once.__doc__ == "Double ``n``."
+    sync, asynchronous = Sync(Backend()), Async(Backend())
+    assert (sync.once(2), sync.twice(2)) == (4, 6)
+    assert asyncio.run(asynchronous.once(2)) == 4  # type: ignore[arg-type]
+    assert asyncio.run(asynchronous.twice(2)) == 6  # type: ignore[arg-type]
+    # Within a form, a program runs on its roles with _carry_out.
+    assert sync._carry_out(Core.once.program(sync, 5)) == 10
+    assert asyncio.run(asynchronous._carry_out(Core.once.program(asynchronous, 5))) == 10

@@ -100,3 +100,12 @@ def test_after_a_growth_the_process_settles_before_deciding_again(clock: Clock) 
     assert sizing.grow_to(contended(), 4, 2) is None
     clock.now = 5.0 + SETTLE
     assert sizing.grow_to(contended(), 4, 2) == 4
+
+
+def test_windows_are_counted_from_when_the_measure_began(clock: Clock) -> None:
+    clock.now = 100.0
+    sizing = Sizing(maximum=8, clock=clock)
+    clock.now = 100.0 + WINDOW / 2
+    assert sizing.timed(0.1) is None
+    clock.now = 100.0 + WINDOW
+    assert sizing.timed(0.1) == Window(2, 0.0, 1)

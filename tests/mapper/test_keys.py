@@ -137,6 +137,7 @@ def test_interpolate_ints_with_room_gives_all_points_evenly_spaced(lo, gap, part
         (b"\x01\x00", b"\x03", 2, [b"\x02\x00"]),  # as long as lo at least
         ("\ud7ff", "\ue001", 2, ["\ue000"]),  # the surrogates skipped
         ((1, "a"), (1, "c"), 2, [(1, "b")]),
+        ("X", "XXX", 2, ["X,,"]),  # code points: no alphabet unless given
     ],
 )
 def test_interpolate_examples(lo, hi, parts, points):
@@ -149,6 +150,7 @@ def test_interpolate_examples(lo, hi, parts, points):
 def test_an_alphabet_of_one_character_is_ignored():
     """A single character is no alphabet (no digit between): code points are used."""
     assert interpolate("a", "aaa", 2, "a") == interpolate("a", "aaa", 2) != []
+    assert interpolate("0", "1", 2, "01") == ["01"]  # two characters are an alphabet
 
 
 def has_room(lo, hi) -> bool:
@@ -256,6 +258,8 @@ def test_interpolate_says_why_it_refuses(lo, hi, message):
         (0, 1, 2**40, 2.0**40 - 1),
         (0, 1, 2**40 + 1, 2.0**40),  # at most 2**40
         (0, 1, 2**60, 2.0**40),
+        (10, 11, 2**40 + 12, 2.0**40),
+        ((1, 0), (2, 0), (2, 10), 0.0),  # the first part differs, if only in two of them
     ],
 )
 def test_ahead_counts_the_pages_like_one_left_to_the_end(first, last, end, pages):

@@ -83,7 +83,18 @@ def test_targets_cut_a_histogram_at_equal_shares_of_its_buckets() -> None:
     assert _targets(edges, 3) == [10 + 90 * 21 // 64, 100 + 900 * 43 // 64]
 
 
+def test_targets_step_a_64th_of_a_bucket_and_land_on_the_edges_at_its_ends() -> None:
+    assert _targets([0, 6400], 64)[:2] == [100, 200]  # a 64th in: not the edge itself
+    assert _targets([0, 6400], 128)[-2:] == [6300, 6400]  # 63.5/64 rounds to the end
+    assert _targets([0, 5, 5, 10], 3) == [5]  # each once
+
+
 def test_targets_over_strings_use_the_alphabet_of_the_bounds() -> None:
+    # A histogram of two buckets or more: its bounds' alphabet.
+    assert _targets(["a0", "a8", "b0"], 4) == ["a0a", "a8", "aaa"]
+    # Two edges only (no histogram): code points.
+    assert _targets(["10", "20"], 2) == ["1\U00088430"]
+    assert _targets(["X", "XX"], 2) == ["X,"]
     edges = ["a0", "a8", "b0", "b8"]
     targets = _targets(edges, 6)
     assert all(set(target) <= set("ab08") for target in targets)
@@ -115,6 +126,8 @@ def test_inside_composite_keys_without_room_step_to_the_next_first_part() -> Non
     assert _inside((1, 5), (2, 9), 32, "") == (2, 5)
     assert _inside((1, 5), (2, 3), 32, "") is None  # (2, 5) is past hi
     assert _inside((1, 5), (1, 6), 32, "") is None  # nothing between, nothing to step
+    assert _inside((1, 5), (1, 5), 32, "") is None  # equal: no part differs
+    assert _inside((1, 5, 7), (2, 9, 9), 32, "") == (2, 5, 7)
     assert _inside((1, None), (2, 3), 32, "") is None  # parts Python cannot compare
 
 
@@ -170,6 +183,7 @@ STATS = Statistics(1000, [100, 200, 300, 400, 500, 600, 700, 800, 900, 999])
         (STATS, range_row(depth=1, planned=50), 100, [], None, 50),  # nothing tells
         (Statistics(1000, [5]), range_row(depth=1, planned=50), 100, [5], None, 50),
         (STATS, range_row(depth=1), 100, [700], None, 111),
+        (Statistics(1000, [0, 999]), range_row(depth=1, planned=50), 100, [0], None, 1000),
     ],
 )
 def test_the_rows_left_are_estimated_from_the_plan_the_page_and_the_statistics(
@@ -278,6 +292,44 @@ def test_a_range_with_no_room_for_a_cut_goes_on_at_its_estimate(
     assert plan == (None, 10 + 500_000)
 
 
+def test_a_fanout_of_two_splits_in_two(table: tuple[sa.Connection, TableSource]) -> None:
+    conn, source = table
+    rows = page(conn, source, KeyRange(), 10)
+    children, _ = Planner(Elsewhere()).plan(  # type: ignore[arg-type]
+        conn, spec_of(source, fanout=2), range_row(), rows, 9, Statistics(1000)
+    )
+    assert [child.range for child in children or []] == [KeyRange(None, 504), KeyRange(504, None)]
+
+
+@pytest.mark.parametrize("left", [1, 40])
+def test_a_range_with_a_leaf_or_less_of_its_plan_left_goes_on_in_place(
+    table: tuple[sa.Connection, TableSource], left: int
+) -> None:
+    conn, source = table
+    row = range_row(KeyRange(500, 900), depth=1, visited=70, planned=80 + left)
+    rows = page(conn, source, KeyRange(570, 900), 10)
+    # No statistics: a leaf is fanout pages, 40 rows.
+    plan = Planner(Elsewhere()).plan(conn, spec_of(source), row, rows, 579, Statistics(None))  # type: ignore[arg-type]
+    assert plan == (None, 80 + left)
+
+
+def test_keys_without_arithmetic_go_on_planned_at_fanout_leaves() -> None:
+    engine = sa.create_engine("sqlite://")
+    metadata = sa.MetaData()
+    reals = sa.Table("reals", metadata, sa.Column("k", sa.Float, primary_key=True))
+    with engine.connect() as conn:
+        metadata.create_all(conn)
+        conn.execute(reals.insert(), [{"k": key / 2} for key in KEYS])
+        source = TableSource(reals, "k")
+        rows = page(conn, source, KeyRange(), 10)
+        plan = Planner(Elsewhere()).plan(
+            conn, spec_of(source), range_row(), rows, 4.5, Statistics(None)
+        )  # type: ignore[arg-type]
+    engine.dispose()
+    # Nothing tells what is left: fanout leaves of 40 rows; no cut between floats.
+    assert plan == (None, 10 + 4 * 40)
+
+
 @pytest.fixture
 def executor() -> Iterator[LocalExecutor]:
     """A local executor of 4 workers, all idle."""
@@ -310,6 +362,44 @@ def test_a_range_within_its_plan_splits_for_idle_workers(
     assert planner._claim(3) == 1
     planner.unclaim()
     assert planner._claim(3) == 3
+
+
+def test_a_range_splits_for_as_many_idle_workers_as_its_plan_has_fanout_pages_for(
+    table: tuple[sa.Connection, TableSource], executor: LocalExecutor
+) -> None:
+    conn, source = table
+    row = range_row(KeyRange(100, 600), depth=1, visited=90, planned=200)
+    rows = page(conn, source, KeyRange(190, 600), 10)
+    # 100 rows left of the plan: 2 pieces of fanout pages (40 rows) at most, so 1 idle
+    # worker claimed, and 50 rows each.
+    plan = Planner(executor).plan(conn, spec_of(source), row, rows, 199, Statistics(2000))
+    assert plan == (
+        [Child(KeyRange(100, 399), 199, 50), Child(KeyRange(399, 600), None, 50)],
+        200,
+    )
+
+
+def test_no_worker_is_claimed_when_none_is_idle() -> None:
+    assert Planner(LocalExecutor(workers=2))._claim(2) == 0  # no thread started yet
+
+
+def test_a_claim_of_one_idle_worker(executor: LocalExecutor) -> None:
+    planner = Planner(executor)
+    assert planner._claim(1) == 1
+    planner.unclaim()
+    assert planner._claim(4) == 4
+    assert planner._claim(1) == 0  # every idle worker claimed (by this thread)
+
+
+def test_unclaiming_releases_only_this_threads_claim(executor: LocalExecutor) -> None:
+    import threading
+
+    planner = Planner(executor)
+    other = threading.Thread(target=lambda: planner._claim(2))
+    other.start()
+    other.join(30)
+    planner.unclaim()  # this thread claimed nothing
+    assert list(planner._claims.values()) == [2]
 
 
 def test_claims_are_at_most_the_idle_workers_no_run_claimed(executor: LocalExecutor) -> None:
