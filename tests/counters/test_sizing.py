@@ -109,3 +109,23 @@ def test_windows_are_counted_from_when_the_measure_began(clock: Clock) -> None:
     assert sizing.timed(0.1) is None
     clock.now = 100.0 + WINDOW
     assert sizing.timed(0.1) == Window(2, 0.0, 1)
+
+
+def test_a_window_another_thread_closed_meanwhile_is_not_closed_again(clock: Clock) -> None:
+    """Between a write's look at the clock and its taking the closing lock, another
+    thread may close the window: the write then leaves the new window open."""
+    sizing = Sizing(maximum=8, clock=clock)
+
+    class Overtaken:
+        """The closing lock, taken once another thread has closed the window."""
+
+        def acquire(self, blocking: bool) -> bool:
+            sizing._start = clock.now  # where that thread's close began the next window
+            return True
+
+        def release(self) -> None:
+            pass
+
+    sizing._closing = Overtaken()  # type: ignore[assignment]
+    clock.now = WINDOW
+    assert sizing.timed(0.1) is None
