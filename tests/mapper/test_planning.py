@@ -306,9 +306,10 @@ def test_a_range_with_a_leaf_or_less_of_its_plan_left_goes_on_in_place(
     table: tuple[sa.Connection, TableSource], left: int
 ) -> None:
     conn, source = table
-    row = range_row(KeyRange(500, 900), depth=1, visited=70, planned=80 + left)
-    rows = page(conn, source, KeyRange(570, 900), 10)
-    # No statistics: a leaf is fanout pages, 40 rows.
+    row = range_row(KeyRange(500, 585), depth=1, visited=70, planned=80 + left)
+    rows = page(conn, source, KeyRange(570, 585), 10)
+    # No statistics: a leaf is fanout pages, 40 rows; the keys left (580 … 584) would
+    # plan fewer.
     plan = Planner(Elsewhere()).plan(conn, spec_of(source), row, rows, 579, Statistics(None))  # type: ignore[arg-type]
     assert plan == (None, 80 + left)
 
