@@ -3,20 +3,24 @@ scrapes ``shardkit metrics`` in a process of its own while an application in ano
 known work with known failures (``metered_work.py``); every PromQL query of the operating page is
 evaluated through Prometheus' HTTP API and its value checked against what was done. The
 Grafana dashboard holds exactly those queries, and the alert rules pass ``promtool`` and
-fire for the failures injected."""
+each fires for the failure caused for it, and for nothing else. Prometheus loads the
+documented rules with each ``for:`` of N minutes made N seconds, and nothing else
+changed: the failures last seconds, not minutes."""
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +39,8 @@ from backends import (
     require,
     wait_for,
 )
-from servers import PrometheusServer, running, unavailable
-from shardkit.metrics import _WRITE_SECONDS
+from servers import PostgresServer, PrometheusServer, running, unavailable
+from shardkit.metrics import _LAG_INTERVALS, _WRITE_SECONDS, KINDS
 from shardkit.store import open_store
 from shardkit.store.sql import SqlStore
 
@@ -111,6 +115,32 @@ def by(series: Series, label: str) -> dict[str, float]:
     return {dict(key)[label]: value for key, value in series.items()}
 
 
+def fast_rules(path: Path) -> Path:
+    """The documented alert rules written to ``path`` with each ``for:`` of N minutes
+    made N seconds, nothing else changed."""
+    text = RULES.read_text(encoding="utf-8")
+    fast, rewritten = re.subn(r"(?m)^(\s+for: )(\d+)m$", r"\g<1>\g<2>s", text)
+    assert rewritten == len(re.findall(r"(?m)^\s+for:", text)) > 0
+    path.write_text(fast, encoding="utf-8")
+    return path
+
+
+@contextlib.contextmanager
+def exporter(store: str, cache: str, prefix: str, env: dict[str, str]) -> Iterator[str]:
+    """``shardkit metrics`` in a process of its own, serving until the block exits: its
+    ``host:port``."""
+    port = free_port()
+    command = [sys.executable, "-m", "shardkit", "--store", store, "--cache", cache]
+    command += ["--prefix", prefix, "metrics", "--port", str(port)]
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) as served:
+        try:
+            assert served.stdout is not None
+            assert "serving metrics on" in served.stdout.readline()
+            yield f"127.0.0.1:{port}"
+        finally:
+            served.terminate()
+
+
 @pytest.mark.slow
 def test_a_real_prometheus_evaluates_every_documented_query(tmp_path: Path, name: str) -> None:
     store_url, cache_url = STORE_URLS["postgres"], CACHE_URLS["redis"]
@@ -123,46 +153,53 @@ def test_a_real_prometheus_evaluates_every_documented_query(tmp_path: Path, name
     metrics.mkdir()
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics)}
     env.pop("DJANGO_SETTINGS_MODULE", None)
+    # The late kit's monitor serves only what it reads from its store and cache.
+    reader_env = {**env, "SHARDKIT_METRICS": "off"}
+    reader_env.pop("PROMETHEUS_MULTIPROC_DIR")
     log = tmp_path / "work.jsonl"
     store = open_store(store_url, prefix=prefix)
     assert isinstance(store, SqlStore)
-    port = free_port()
-    exporter = [sys.executable, "-m", "shardkit", "--store", store_url, "--cache", cache_url]
-    exporter += ["--prefix", prefix, "metrics", "--port", str(port)]
     try:
         with (
             numbered_table(store.engine, "prom", ROWS) as table,
-            subprocess.Popen(exporter, env=env, stdout=subprocess.PIPE, text=True) as served,
-            running(PrometheusServer, [f"127.0.0.1:{port}"], RULES) as prometheus,
+            running(PostgresServer) as late_store,  # the late kit's, stopped after the work
         ):
-            try:
-                assert served.stdout is not None
-                assert "serving metrics on" in served.stdout.readline()
+            shardkit.connect(late_store.url, cache_url, prefix=prefix).close()
+            with (
+                exporter(store_url, cache_url, prefix, env) as main,
+                exporter(late_store.url, cache_url, prefix, reader_env) as late,
+                running(
+                    PrometheusServer, [main, late], fast_rules(tmp_path / "rules.yml")
+                ) as prometheus,
+            ):
                 wait_for(
-                    lambda: prometheus.query("up", time.time()) == {_target(port): 1.0},
-                    "Prometheus' first scrape",
+                    lambda: (
+                        prometheus.query("up", time.time())
+                        == {_target(main): 1.0, _target(late): 1.0}
+                    ),
+                    "Prometheus' first scrapes",
                     60,
                     lambda: prometheus.api("targets"),
                 )
                 worker = [sys.executable, str(WORKER), store_url, cache_url, prefix, name]
-                subprocess.run([*worker, table.name, str(log)], env=env, check=True, timeout=300)
+                worker += [table.name, str(log), late_store.url]
+                subprocess.run(worker, env=env, check=True, timeout=300)
+                late_store.stop()  # its monitor can no longer read it
                 work = Timeline(log)
                 wait_for(
                     lambda: _last_scrape(prometheus) > work.done["t"] + 1.5,
                     "a scrape after the work",
                     60,
                 )
-                _check_every_query(prometheus, work)
-                _check_the_alerts(prometheus, work)
-            finally:
-                served.terminate()
+                _check_every_query(prometheus, work, main, late)
+                _check_the_alerts(prometheus, work, main, late)
     finally:
         store.metadata.drop_all(store.engine)  # type: ignore[attr-defined]
         store.close()
 
 
-def _target(port: int) -> frozenset[tuple[str, str]]:
-    return frozenset({("instance", f"127.0.0.1:{port}"), ("job", "shardkit")})
+def _target(instance: str) -> frozenset[tuple[str, str]]:
+    return frozenset({("instance", instance), ("job", "shardkit")})
 
 
 def _last_scrape(prometheus: PrometheusServer) -> float:
@@ -170,8 +207,10 @@ def _last_scrape(prometheus: PrometheusServer) -> float:
     return max(found.values(), default=0.0)
 
 
-def _check_every_query(prometheus: PrometheusServer, work: Timeline) -> None:
-    from metered_work import HOLD, INTERVAL  # the worker's constants
+def _check_every_query(prometheus: PrometheusServer, work: Timeline, main: str, late: str) -> None:
+    """Each documented query against the work; ``main`` and ``late`` are the instances of
+    the exporters of the application's store and of the late kit's."""
+    from metered_work import HOLD, INTERVAL, LAG_INTERVAL  # the worker's constants
 
     queries = documented_queries()
     checked: set[str] = set()
@@ -207,7 +246,9 @@ def _check_every_query(prometheus: PrometheusServer, work: Timeline) -> None:
     # p99 latency per kind: in the bucket of the work's own p99, or the one below (the
     # work measured the call around the library's own timing).
     bounds = [*_WRITE_SECONDS, math.inf]
-    for kind, p99 in by(query("p99 write latency", healthy), "kind").items():
+    p99s = by(query("p99 write latency", healthy), "kind")
+    assert set(p99s) == set(KINDS)
+    for kind, p99 in p99s.items():
         own = sorted(work.done["seconds"][kind])
         own_p99 = own[math.ceil(0.99 * len(own)) - 1]
         bucket = bisect.bisect_left(bounds, own_p99)
@@ -229,10 +270,14 @@ def _check_every_query(prometheus: PrometheusServer, work: Timeline) -> None:
     # Pending increments: some, and at most a few intervals' worth, while writing (40 a
     # second); none once flushed.
     moments = [healthy - 2.5 * second for second in range(10)]
-    pending = [only(query("pending increments", at)) for at in moments]
+    pending = [only(query("pending increments", at), instance=main) for at in moments]
     assert max(pending) > 0, pending
     assert all(0 <= each <= 5 * INTERVAL * 40 for each in pending), pending
-    assert only(query("pending increments", final)) == 0
+    assert only(query("pending increments", final), instance=main) == 0
+    # The late kit's: every increment it made, none flushed (read at the last scrape).
+    held = only(query("pending increments", healthy), instance=late)
+    lagging = [work.at(work.counts, at, lambda e: e["lagging"]) for at in (healthy - 2.5, failing)]
+    assert 0 < lagging[0] <= held <= lagging[1], (held, lagging)
 
     # The p95 flush lag, against the lags of the flushes the work saw land in the store:
     # a flush seen at t moved the interval before t's, so it lagged INTERVAL + t mod INTERVAL.
@@ -241,13 +286,18 @@ def _check_every_query(prometheus: PrometheusServer, work: Timeline) -> None:
     real_p95 = lags[math.ceil(0.95 * len(lags)) - 1]
     lag = query("p95 flush lag, by interval", healthy)
     assert only(lag, interval=f"{INTERVAL:g}") == pytest.approx(real_p95, rel=0.1), lags
+    # The late kit's one flush.
+    late_p95 = only(query("p95 flush lag, by interval", final), interval=f"{LAG_INTERVAL:g}")
+    low, high = _late_lag_bucket(work)
+    assert low < late_p95 <= high, (late_p95, low, high)
 
     assert query("lost flush races", healthy) == {frozenset(): 0.0}
 
-    # Id holes: the unused rest of the last block of 100.
-    taken = work.done["ids_taken"]
+    # Id holes: the ids of the blocks the store reserved that were not handed out, the
+    # unused rest of the block whose key the restarted cache lost among them.
+    assert work.one("lost block")["ids"] == [1, 101]
     holes = query("id holes (and the unused rest of the blocks in use)", final)
-    assert holes == {frozenset(): float(math.ceil(taken / 100) * 100 - taken)}
+    assert holes == {frozenset(): float(work.done["ids_reserved"] - work.done["ids_taken"])}
 
     assert (job["state"], job["rows"]) == ("complete", ROWS)
     progress = query("job progress", final)
@@ -286,29 +336,63 @@ def _check_every_query(prometheus: PrometheusServer, work: Timeline) -> None:
     assert checked == set(queries), "a documented query was not checked"
 
 
-def _check_the_alert_rules(prometheus: PrometheusServer) -> None:
+def _late_lag_bucket(work: Timeline) -> tuple[float, float]:
+    """Where the p95 lag of the late kit's one flush lies: in the bucket of the lag the
+    work saw, or the one below (it saw the flush land after its commit)."""
+    from metered_work import LAG_INTERVAL
+
+    caught_up = work.one("caught up")["lag"]
+    assert caught_up > 60  # the documented alert's threshold
+    bounds = [LAG_INTERVAL * times for times in _LAG_INTERVALS]
+    bucket = bisect.bisect_left(bounds, caught_up)
+    return bounds[bucket - 2], bounds[bucket]
+
+
+def _check_the_alerts(prometheus: PrometheusServer, work: Timeline, main: str, late: str) -> None:
+    """No alert while healthy; then each fires for its failure, and only for it (with
+    the value the failure gives its expression). ``main`` and ``late`` are the instances
+    of the exporters of the application's store and of the late kit's (stopped)."""
+    from metered_work import LAG_INTERVAL
+
     groups = prometheus.api("rules")["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
     assert len(rules) == 7
     assert {rule["health"] for rule in rules} == {"ok"}, rules
-
-
-def _check_the_alerts(prometheus: PrometheusServer, work: Timeline) -> None:
-    """No alert while healthy; the failures' alerts once they happen."""
-    _check_the_alert_rules(prometheus)
     failing = work.one("failing")["t"]
     assert prometheus.query("ALERTS", failing - 0.5) == {}
-    alerts = {
-        (dict(key)["alertname"], dict(key)["alertstate"])
-        for key in prometheus.query("ALERTS", work.counts[-1]["t"] + 1)
+
+    def firing() -> dict[str, list[dict[str, Any]]]:
+        found: dict[str, list[dict[str, Any]]] = {}
+        for alert in prometheus.api("alerts")["alerts"]:
+            if alert["state"] == "firing":
+                found.setdefault(alert["labels"]["alertname"], []).append(alert)
+        return found
+
+    names = {rule["name"] for rule in rules}
+    wait_for(lambda: set(firing()) == names, "every alert to fire", 90, firing)
+    alerts = firing()
+
+    def one(name: str) -> tuple[dict[str, str], float]:
+        (alert,) = alerts[name]
+        labels = {k: v for k, v in alert["labels"].items() if k not in ("alertname", "severity")}
+        return labels, float(alert["value"])
+
+    failed = work.done["failed"]
+    share = failed / (failed + sum(work.done["counts"].values()))
+    assert one("ShardkitWritesFailing") == ({}, pytest.approx(share, rel=0.2))
+    ridden_out = {
+        alert["labels"]["action"]: float(alert["value"])
+        for alert in alerts["ShardkitCacheFallbacks"]
     }
-    assert {
-        ("ShardkitWritesFailing", "pending"),
-        ("ShardkitCacheFallbacks", "pending"),
-        ("ShardkitJobFailed", "firing"),
-    } <= alerts
-    assert {name for name, _ in alerts} <= {
-        "ShardkitWritesFailing",
-        "ShardkitCacheFallbacks",
-        "ShardkitJobFailed",
-    }
+    assert {"reading a cached value", "flush"} <= set(ridden_out)
+    # Every failed flush was a scheduled one: a background task that failed too.
+    labels, value = one("ShardkitFlushesFailing")
+    assert (labels, value) == ({}, pytest.approx(ridden_out["flush"], rel=0.05))
+    labels, value = one("ShardkitFlushLagging")  # the late kit's interval, not the other's
+    low, high = _late_lag_bucket(work)
+    assert (labels, low < value <= high) == ({"interval": f"{LAG_INTERVAL:g}"}, True), value
+    scraped = {"instance": main, "job": "shardkit"}
+    assert one("ShardkitIdBlocksLost") == (scraped, pytest.approx(1, rel=0.05))
+    broken = work.one("broken job")["id"]
+    assert one("ShardkitJobFailed") == ({**scraped, "job_id": broken, "state": "failed"}, 1)
+    assert one("ShardkitMonitorCannotRead") == ({**scraped, "instance": late}, 0)
