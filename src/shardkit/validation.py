@@ -56,8 +56,8 @@ def _seconds(value: object, what: str, low: float, high: float, *, zero: bool = 
     ``low..high`` (``0 < value`` when ``low`` is 0 unless ``zero``)."""
     number = not isinstance(value, bool) and isinstance(value, (int, float))
     seconds = math.nan
-    if number:  # an int too large for a float is out of range anyway
-        seconds = math.inf if value > high else float(value)  # type: ignore[operator,arg-type]
+    if number:  # compared before it is converted: an int too large for a float is out of range
+        seconds = math.inf if value > high else -math.inf if value < low else float(value)  # type: ignore[operator,arg-type]
     if not (low <= seconds <= high and (seconds > 0 or zero)):
         above = f"≥ {duration(low)}" if low or zero else "> 0"
         raise ValidationError(

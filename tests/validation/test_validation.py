@@ -212,6 +212,7 @@ def test_a_missing_driver_names_the_extra_to_install(
     [
         ({"cache_ttl": 10**9}, "≤ 2,592,000 s (30 days)"),
         ({"key_retention": -1}, "≥ 0 s and ≤ 3,153,600,000 s (100 years)"),
+        ({"key_retention": -(10**400)}, "≥ 0 s and ≤ 3,153,600,000 s (100 years)"),
         ({"adjust_delay": 61}, "≤ 60 s (1 minute)"),
     ],
 )
