@@ -181,7 +181,7 @@ def check_job_id(job: object) -> str:
 
 
 def check_mapping(page_size: object, fanout: object, retries: object) -> None:
-    """Validate a job's options: 1 ≤ page_size ≤ 100,000, 1 ≤ fanout ≤ 64, 0 ≤ retries."""
+    """Validate a job's options: 1 ≤ page_size ≤ 100,000, 1 ≤ fanout ≤ 64, 0 ≤ retries ≤ 1000."""
     for what, value, low, high in (
         ("page_size", page_size, 1, 100_000),
         ("fanout", fanout, 1, 64),
