@@ -87,6 +87,8 @@ def test_targets_step_a_64th_of_a_bucket_and_land_on_the_edges_at_its_ends() -> 
     assert _targets([0, 6400], 64)[:2] == [100, 200]  # a 64th in: not the edge itself
     assert _targets([0, 6400], 128)[-2:] == [6300, 6400]  # 63.5/64 rounds to the end
     assert _targets([0, 5, 5, 10], 3) == [5]  # each once
+    # 255/256 of two buckets rounds to the end of the second: its upper edge.
+    assert _targets([0, 6400, 12800], 256) == list(range(0, 12801, 100))
 
 
 def test_targets_over_strings_use_the_alphabet_of_the_bounds() -> None:
@@ -110,6 +112,8 @@ def test_targets_drop_keys_with_nul_and_repeated_or_crossed_cuts() -> None:
     # Keys Python cannot order (a NULL in a composite key): each once, in the order found.
     edges = [(0, 0), (1, None), (1, None), (1, "x"), (2, 0)]
     assert _targets(edges, 4) == [(1, None), (1, "x")]
+    # Edges out of Python's order (bounds in a collation's): a cut below the last dropped.
+    assert _targets([0, 10, 5, 20], 3) == [10]
 
 
 def test_inside_steps_a_64th_at_a_time_or_to_the_nearest_room() -> None:
@@ -314,6 +318,48 @@ def test_a_range_with_a_leaf_or_less_of_its_plan_left_goes_on_in_place(
     assert plan == (None, 80 + left)
 
 
+def test_a_full_page_ending_its_range_within_its_plan_goes_on_in_place(
+    table: tuple[sa.Connection, TableSource],
+) -> None:
+    conn, source = table
+    row = range_row(KeyRange(500, 580), depth=1, visited=70, planned=81)
+    rows = page(conn, source, KeyRange(570, 580), 10)
+    # One row left of the plan, none of the range: in place, as planned (the next page,
+    # empty, ends it).
+    plan = Planner(Elsewhere()).plan(conn, spec_of(source), row, rows, 579, Statistics(None))  # type: ignore[arg-type]
+    assert plan == (None, 81)
+
+
+def test_a_range_past_its_plan_with_a_leaf_left_goes_on_in_place(
+    table: tuple[sa.Connection, TableSource],
+) -> None:
+    conn, source = table
+    row = range_row(KeyRange(500, 546), depth=1, visited=50, planned=50)
+    rows = page(conn, source, row.range, 10)
+    # Keys 500 … 509 on the page, 36 more of key space up to 545: 4 pages, 40 rows, a leaf.
+    plan = Planner(Elsewhere()).plan(conn, spec_of(source), row, rows, 509, Statistics(None))  # type: ignore[arg-type]
+    assert plan == (None, 100)
+
+
+def test_a_range_past_its_plan_splits_into_the_leaves_its_estimate_holds(
+    table: tuple[sa.Connection, TableSource],
+) -> None:
+    conn, source = table
+    row = range_row(KeyRange(500, 600), depth=1, visited=50, planned=50)
+    rows = page(conn, source, row.range, 10)
+    # 90 of key space up to 599: 10 pages, 100 rows; leaves of 40: 3 children, cut at a
+    # third and two thirds of 510 … 599.
+    plan = Planner(Elsewhere()).plan(conn, spec_of(source), row, rows, 509, Statistics(None))  # type: ignore[arg-type]
+    assert plan == (
+        [
+            Child(KeyRange(500, 539), 509, 34),
+            Child(KeyRange(539, 569), None, 34),
+            Child(KeyRange(569, 600), None, 34),
+        ],
+        50,
+    )
+
+
 def test_keys_without_arithmetic_go_on_planned_at_fanout_leaves() -> None:
     engine = sa.create_engine("sqlite://")
     metadata = sa.MetaData()
@@ -328,6 +374,79 @@ def test_keys_without_arithmetic_go_on_planned_at_fanout_leaves() -> None:
         )  # type: ignore[arg-type]
     engine.dispose()
     # Nothing tells what is left: fanout leaves of 40 rows; no cut between floats.
+    assert plan == (None, 10 + 4 * 40)
+
+
+def test_a_leaf_is_a_whole_number_of_rows() -> None:
+    engine = sa.create_engine("sqlite://")
+    metadata = sa.MetaData()
+    reals = sa.Table("reals", metadata, sa.Column("k", sa.Float, primary_key=True))
+    with engine.connect() as conn:
+        metadata.create_all(conn)
+        conn.execute(reals.insert(), [{"k": key / 2} for key in KEYS])
+        source = TableSource(reals, "k")
+        rows = page(conn, source, KeyRange(), 10)
+        row = range_row(depth=1)  # no plan, no histogram: nothing tells what is left
+        plan = Planner(Elsewhere()).plan(conn, spec_of(source), row, rows, 4.5, Statistics(1001))  # type: ignore[arg-type]
+    engine.dispose()
+    # Leaves of 62 rows (1,001 over fanout**2, rounded down): fanout of them.
+    assert plan == (None, 10 + 4 * 62)
+
+
+def reverse(a: str, b: str) -> int:
+    """A collation: strings in the reverse of Python's order."""
+    return (a < b) - (a > b)
+
+
+def test_bounds_in_another_order_than_pythons_are_cut_in_the_databases() -> None:
+    engine = sa.create_engine("sqlite://")
+    sa.event.listen(
+        engine, "connect", lambda dbapi, record: dbapi.create_collation("reverse", reverse)
+    )
+    metadata = sa.MetaData()
+    words = sa.Table(
+        "words", metadata, sa.Column("k", sa.String(collation="reverse"), primary_key=True)
+    )
+    keys = [f"{n:03}" for n in KEYS]  # "999" first in the database's order, "000" last
+    with engine.connect() as conn:
+        metadata.create_all(conn)
+        conn.execute(words.insert(), [{"k": key} for key in keys])
+        source = TableSource(words, "k")
+        rows = page(conn, source, KeyRange(), 10)
+        assert [source.key_of(r) for r in rows] == keys[:-11:-1]
+        plan = Planner(Elsewhere()).plan(  # type: ignore[arg-type]
+            conn, spec_of(source), range_row(), rows, "990", Statistics(1000)
+        )
+    engine.dispose()
+    # The bounds past "990" are ("989", "000"): the arithmetic runs from "000" to "989" in
+    # Python's order, its cuts placed at the keys past them in the database's: uneven
+    # pieces, each a real range of keys.
+    assert plan == (
+        [
+            Child(KeyRange(None, "299"), "990", 248),
+            Child(KeyRange("299", "298"), None, 248),
+            Child(KeyRange("298", "297"), None, 248),
+            Child(KeyRange("297", None), None, 248),
+        ],
+        None,
+    )
+
+
+def test_bounds_python_cannot_order_keep_the_databases_order() -> None:
+    engine = sa.create_engine("sqlite://")
+    metadata = sa.MetaData()
+    pairs = sa.Table("pairs", metadata, sa.Column("a", sa.Integer), sa.Column("b", sa.Integer))
+    with engine.connect() as conn:
+        metadata.create_all(conn)
+        rest = [{"a": 1, "b": None}, {"a": 1, "b": 5}]  # (1, NULL) first in SQLite's order
+        conn.execute(pairs.insert(), [{"a": 0, "b": n} for n in range(10)] + rest)
+        source = TableSource(pairs, ["a", "b"])
+        rows = page(conn, source, KeyRange(), 10)
+        plan = Planner(Elsewhere()).plan(  # type: ignore[arg-type]
+            conn, spec_of(source), range_row(), rows, (0, 9), Statistics(None)
+        )
+    engine.dispose()
+    # Nothing tells what is left: fanout leaves of 40 rows; no room for a cut.
     assert plan == (None, 10 + 4 * 40)
 
 
@@ -390,6 +509,17 @@ def test_a_claim_of_one_idle_worker(executor: LocalExecutor) -> None:
     planner.unclaim()
     assert planner._claim(4) == 4
     assert planner._claim(1) == 0  # every idle worker claimed (by this thread)
+
+
+def test_a_lone_idle_worker_is_claimed() -> None:
+    executor = LocalExecutor(workers=1)
+    executor.bind({"nothing": lambda args: None}, None)  # type: ignore[arg-type]
+    executor.submit("nothing", {})
+    wait_for(lambda: executor.idle == 1, "1 idle worker")
+    try:
+        assert Planner(executor)._claim(3) == 1
+    finally:
+        executor.close()
 
 
 def test_unclaiming_releases_only_this_threads_claim(executor: LocalExecutor) -> None:
