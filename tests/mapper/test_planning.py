@@ -432,6 +432,42 @@ def test_bounds_in_another_order_than_pythons_are_cut_in_the_databases() -> None
     )
 
 
+def backwards(a: str, b: str) -> int:
+    """A collation: strings by their characters from the last ("100" before "010")."""
+    return (a[::-1] > b[::-1]) - (a[::-1] < b[::-1])
+
+
+def test_cuts_are_sought_past_the_checkpoint_in_the_databases_order() -> None:
+    engine = sa.create_engine("sqlite://")
+    sa.event.listen(
+        engine, "connect", lambda dbapi, record: dbapi.create_collation("backwards", backwards)
+    )
+    metadata = sa.MetaData()
+    words = sa.Table(
+        "words", metadata, sa.Column("k", sa.String(collation="backwards"), primary_key=True)
+    )
+    with engine.connect() as conn:
+        metadata.create_all(conn)
+        conn.execute(words.insert(), [{"k": f"{n:03}"} for n in KEYS])
+        source = TableSource(words, "k")
+        rows = page(conn, source, KeyRange(), 10)
+        assert [source.key_of(r) for r in rows] == [f"{n}00" for n in range(10)]
+        # A histogram bound "9000" (past "900" in Python's order, before it in the
+        # database's): the first cut, sought past the first key left, "010".
+        stats = Statistics(1000, ["9000", "950", "990"])
+        plan = Planner(Elsewhere()).plan(conn, spec_of(source), range_row(), rows, "900", stats)  # type: ignore[arg-type]
+    engine.dispose()
+    assert plan == (
+        [
+            Child(KeyRange(None, "110"), "900", 248),
+            Child(KeyRange("110", "950"), None, 248),
+            Child(KeyRange("950", "990"), None, 248),
+            Child(KeyRange("990", None), None, 248),
+        ],
+        None,
+    )
+
+
 def test_bounds_python_cannot_order_keep_the_databases_order() -> None:
     engine = sa.create_engine("sqlite://")
     metadata = sa.MetaData()
@@ -497,6 +533,32 @@ def test_a_range_splits_for_as_many_idle_workers_as_its_plan_has_fanout_pages_fo
         [Child(KeyRange(100, 399), 199, 50), Child(KeyRange(399, 600), None, 50)],
         200,
     )
+
+
+def test_a_range_splits_into_a_share_for_itself_and_each_idle_worker(
+    table: tuple[sa.Connection, TableSource], executor: LocalExecutor
+) -> None:
+    conn, source = table
+    row = range_row(KeyRange(100, 600), depth=1, visited=90, planned=191)
+    rows = page(conn, source, KeyRange(190, 600), 10)
+    # 91 rows left of the plan: 1 idle worker, two shares of 46 rows (not three of 45).
+    plan = Planner(executor).plan(conn, spec_of(source), row, rows, 199, Statistics(2000))
+    assert plan == (
+        [Child(KeyRange(100, 399), 199, 46), Child(KeyRange(399, 600), None, 46)],
+        191,
+    )
+
+
+def test_a_range_whose_estimate_is_a_share_goes_on_in_place(
+    table: tuple[sa.Connection, TableSource], executor: LocalExecutor
+) -> None:
+    conn, source = table
+    row = range_row(KeyRange(100, 241), depth=1, visited=90, planned=191)
+    rows = page(conn, source, KeyRange(190, 241), 10)
+    # 91 rows left of the plan, a share of 46 for 1 idle worker; the page's density says
+    # 46 (41 of key space up to 240 over 9 for 10 rows): a share, in place.
+    plan = Planner(executor).plan(conn, spec_of(source), row, rows, 199, Statistics(2000))
+    assert plan == (None, 100 + 46)
 
 
 def test_no_worker_is_claimed_when_none_is_idle() -> None:

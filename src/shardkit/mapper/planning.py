@@ -71,7 +71,8 @@ class Planner:
             idle = self._claim(min(spec.fanout - 1, (row.planned - done) // least - 1))
             if not idle:
                 return None, row.planned
-            leaf = (row.planned - done) // (idle + 1)  # a share for each idle worker
+            # A share for itself and each idle worker, rounded up: no share left over.
+            leaf = -(-(row.planned - done) // (idle + 1))
         bounds = spec.source.bounds(conn, row.range.past(after), after)
         if bounds is None:
             return [], row.planned
