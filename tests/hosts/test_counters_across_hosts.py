@@ -186,7 +186,10 @@ def test_ids_never_repeat_across_a_cut_off_host_rejoining(
     failed = failures(tmp_path, deployment.pid(victim))
     print(f"ids by host and phase: {phases}; waiting at the heal {len(waited)}, failed {failed}")
     assert phases[victim]["during"] == 0  # the cut-off host got none:
-    assert len(waited) == THREADS  # each of its writers waited, until the heal
+    # Each of its writers waited until the heal, or gave up (a call retries for 15 s, which
+    # a loaded machine can spend within the cut) and raised: none was handed an id.
+    assert waited
+    assert len(waited) + failed >= THREADS
     for host in deployment.workers:
         assert phases[host]["before"] >= PROGRESS  # every host took ids before the cut,
         assert phases[host]["after"] >= 1  # and after it
