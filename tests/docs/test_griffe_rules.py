@@ -8,16 +8,9 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
-import pytest
+import griffe
 
-from backends import CI, ROOT
-
-try:
-    import griffe
-except ImportError:  # the docs extra: .ci/run installs it before the tests
-    if CI:
-        raise
-    pytest.skip("griffe is not installed (pip install -e '.[docs]')", allow_module_level=True)
+from backends import ROOT
 
 
 def rules_module() -> ModuleType:
