@@ -520,32 +520,26 @@ def test_a_range_within_its_plan_splits_for_idle_workers(
     assert planner._claim(3) == 3
 
 
-def test_a_range_splits_for_as_many_idle_workers_as_its_plan_has_fanout_pages_for(
-    table: tuple[sa.Connection, TableSource], executor: LocalExecutor
-) -> None:
-    conn, source = table
-    row = range_row(KeyRange(100, 600), depth=1, visited=90, planned=200)
-    rows = page(conn, source, KeyRange(190, 600), 10)
-    # 100 rows left of the plan: 2 pieces of fanout pages (40 rows) at most, so 1 idle
-    # worker claimed, and 50 rows each.
-    plan = Planner(executor).plan(conn, spec_of(source), row, rows, 199, Statistics(2000))
-    assert plan == (
-        [Child(KeyRange(100, 399), 199, 50), Child(KeyRange(399, 600), None, 50)],
-        200,
-    )
-
-
+@pytest.mark.parametrize(
+    ("planned", "share"),
+    [
+        # 100 rows left of the plan: 2 pieces of fanout pages (40 rows) at most, so 1 idle
+        # worker claimed, and 50 rows each.
+        pytest.param(200, 50, id="as-many-idle-workers-as-fanout-pages"),
+        # 91 rows left of the plan: 1 idle worker, two shares of 46 rows (not three of 45).
+        pytest.param(191, 46, id="a-share-for-itself-and-each-idle-worker"),
+    ],
+)
 def test_a_range_splits_into_a_share_for_itself_and_each_idle_worker(
-    table: tuple[sa.Connection, TableSource], executor: LocalExecutor
+    table: tuple[sa.Connection, TableSource], executor: LocalExecutor, planned: int, share: int
 ) -> None:
     conn, source = table
-    row = range_row(KeyRange(100, 600), depth=1, visited=90, planned=191)
+    row = range_row(KeyRange(100, 600), depth=1, visited=90, planned=planned)
     rows = page(conn, source, KeyRange(190, 600), 10)
-    # 91 rows left of the plan: 1 idle worker, two shares of 46 rows (not three of 45).
     plan = Planner(executor).plan(conn, spec_of(source), row, rows, 199, Statistics(2000))
     assert plan == (
-        [Child(KeyRange(100, 399), 199, 46), Child(KeyRange(399, 600), None, 46)],
-        191,
+        [Child(KeyRange(100, 399), 199, share), Child(KeyRange(399, 600), None, share)],
+        planned,
     )
 
 
