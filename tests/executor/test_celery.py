@@ -215,8 +215,14 @@ def test_celery_beat_runs_flush_all_on_the_documented_schedule(
         DEADLINE,
         workers.status,
     )
+    # The run is recorded as ended after the task returns, which is after it moved them.
+    wait_for(
+        lambda: bool(_ran(records, config, "end", "flush_all")),
+        "the flush_all run to end",
+        DEADLINE,
+        workers.status,
+    )
     ended = _ran(records, config, "end", "flush_all")
-    assert ended
     assert {run["state"] for run in ended} == {"SUCCESS"}
     assert _ran(records, config, "start", "flush") == []  # not the counter's own flush
 
