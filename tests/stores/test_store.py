@@ -9,7 +9,12 @@ import uuid
 import pytest
 
 from backends import PREFIX, STORE_URLS, require, run_together, store_url_for
-from shardkit.errors import CounterKindMismatch, CounterOverflow, ValidationError
+from shardkit.errors import (
+    ConfigurationError,
+    CounterKindMismatch,
+    CounterOverflow,
+    ValidationError,
+)
 from shardkit.store import Flushed, Store, open_store
 from shardkit.store.base import RETIRED
 from shardkit.store.sql.dialect import LibpqStatement
@@ -19,6 +24,37 @@ from shardkit.validation import INT64_MAX, INT64_MIN
 def test_create_schema_is_idempotent(store: Store) -> None:
     store.create_schema()
     store.create_schema()
+
+
+@pytest.mark.parametrize("kind", list(STORE_URLS))
+def test_a_missing_table_is_made_and_a_development_versions_counters_refused(
+    kind: str, sqlite_url: str
+) -> None:
+    """Creating the schema makes a table that is missing beside the others; a counters
+    table without incarnations (a development version's) is refused with
+    ``ConfigurationError``, by ``create_schema`` and by ``has_schema`` alike."""
+    url = store_url_for(kind, sqlite_url)
+    store = open_store(url, prefix=f"{PREFIX}v{uuid.uuid4().hex[:6]}_")
+    engine = store.engine  # type: ignore[attr-defined]
+    try:
+        store.create_schema()
+        store.open_counter("old", "sharded", 2)
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP TABLE {store.prefix}marks")  # type: ignore[attr-defined]
+        assert not store.has_schema()
+        store.create_schema()
+        assert store.has_schema()
+        store.open_counter("ids", "ids", 1)
+        assert store.reserve("ids", 5) == 5
+        assert store.counter("old") is not None  # nothing else was made again
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"ALTER TABLE {store.prefix}counters DROP COLUMN incarnation")  # type: ignore[attr-defined]
+        for check in (store.create_schema, store.has_schema):
+            with pytest.raises(ConfigurationError, match="development version"):
+                check()
+    finally:
+        store.metadata.drop_all(engine)  # type: ignore[attr-defined]
+        store.close()
 
 
 def test_open_counter_creates_then_only_grows(store: Store, name: str) -> None:

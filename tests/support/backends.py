@@ -45,7 +45,11 @@ STORE_URLS = {
     "postgres": os.environ.get(
         "SHARDKIT_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
     ),
-    "mysql": os.environ.get("SHARDKIT_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test"),
+    # The tests' MariaDB serves no TLS: without ssl_disabled, PyMySQL would build a TLS
+    # context (loading the system's CA certificates) for every connection, then fall back.
+    "mysql": os.environ.get(
+        "SHARDKIT_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306/test?ssl_disabled=true"
+    ),
 }
 REDIS = os.environ.get("SHARDKIT_TEST_REDIS", "redis://127.0.0.1:6379/13")
 # The databases of REDIS's server that the README gives to the tests (and benchmarks).

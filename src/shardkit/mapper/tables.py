@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from shardkit.store.sql import Dialect, SqlRoles
+from shardkit.store.sql import Dialect, SqlRoles, column_names
 
 _T = TypeVar("_T")
 
@@ -114,7 +114,7 @@ class LedgerTables:
         range's ``planned`` rows, its ``tries``, its ``runs``). Idempotent; a concurrent caller's
         addition makes this one fail, and a second look finds the column there."""
         table = self.ranges
-        have = {column["name"] for column in sa.inspect(conn).get_columns(table.name)}
+        have = column_names(conn, table)
         name = conn.dialect.identifier_preparer.format_table(table)
         for column in table.columns:
             if column.name not in have and column.nullable:

@@ -22,6 +22,7 @@ from .engines import (
     unprepare_behind_pooler,
     watch_for_poolers,
 )
+from .schema import column_names, missing_tables
 from .store import SqlStore
 
 __all__ = [
@@ -30,9 +31,11 @@ __all__ = [
     "SqlCore",
     "SqlRoles",
     "SqlStore",
+    "column_names",
     "engine_from_url",
     "gate_forks",
     "make_engine",
+    "missing_tables",
     "unprepare_behind_pooler",
     "watch_for_poolers",
 ]

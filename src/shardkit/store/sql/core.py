@@ -30,7 +30,7 @@ from shardkit.store.base import IDS, RETIRED, CounterInfo, Deleted, Flushed, che
 from shardkit.validation import sums_fit
 
 from .dialect import Dialect, added, greatest_of
-from .schema import Tables
+from .schema import Tables, missing_tables
 
 _T = TypeVar("_T")
 _DEADLOCK_RETRIES = 5
@@ -153,7 +153,9 @@ class SqlCore(Tables):
         interleave."""
 
         def work(conn: Connection) -> None:
-            metadata.create_all(conn, checkfirst=True)
+            missing = missing_tables(conn, metadata)
+            if missing:
+                metadata.create_all(conn, tables=missing, checkfirst=True)
             upgrade(conn)
 
         attempts = len(metadata.tables) + 1

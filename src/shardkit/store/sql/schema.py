@@ -89,8 +89,7 @@ class Tables:
     def schema_in(self, conn: Connection) -> bool:
         """Whether every table is in the database ``conn`` reaches (one query), and
         current (``check_current``)."""
-        present = set(sa.inspect(conn).get_table_names())
-        if not all(table.name in present for table in self.metadata.sorted_tables):
+        if missing_tables(conn, self.metadata):
             return False
         self.check_current(conn)
         return True
@@ -100,8 +99,7 @@ class Tables:
         of shardkit (0.1.0 before its release) whose counters had no incarnations: its
         tables cannot be used, nor changed in place."""
         table = self.counters_table
-        have = {column["name"] for column in sa.inspect(conn).get_columns(table.name)}
-        if "incarnation" not in have:
+        if "incarnation" not in column_names(conn, table):
             raise ConfigurationError(
                 f"the table {table.name} in {self.url} was made by a development version of "
                 "shardkit (before 0.1.0) and cannot be used: drop the prefix's tables, or "
@@ -109,4 +107,19 @@ class Tables:
             )
 
 
-__all__ = ["Tables"]
+def missing_tables(conn: Connection, metadata: sa.MetaData) -> list[sa.Table]:
+    """``metadata``'s tables that the database ``conn`` reaches does not have (one
+    query)."""
+    present = set(sa.inspect(conn).get_table_names())
+    return [table for table in metadata.sorted_tables if table.name not in present]
+
+
+def column_names(conn: Connection, table: sa.Table) -> set[str]:
+    """The names of the columns ``table`` has in the database ``conn`` reaches: one query
+    that reads no row (its result's description), far cheaper than reflecting them."""
+    return set(
+        conn.execute(sa.select(sa.literal_column("*")).select_from(table).where(sa.false())).keys()
+    )
+
+
+__all__ = ["Tables", "column_names", "missing_tables"]
