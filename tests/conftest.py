@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import uuid
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,34 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     or ``$PYTEST_XDIST_AUTO_NUM_WORKERS``."""
     given = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
     return int(given) if given else 2 * (os.cpu_count() or 1)
+
+
+# The caches of the cache fixtures' params, in the order a heavy test's pairs take them.
+_CACHES = [*CACHE_URLS, CLUSTER]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test marked ``pairs`` runs each store once and each cache once, not every pair:
+    the store of its ``k``-th cache is the ``(k + turn)``-th, where ``turn`` comes from
+    the test's name, so that the marked tests together still run every pair."""
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        (kept if _runs_its_pair(item) else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+def _runs_its_pair(item: pytest.Item) -> bool:
+    if item.get_closest_marker("pairs") is None or not isinstance(item, pytest.Function):
+        return True
+    params: dict[str, Any] = item.callspec.params
+    store = next(value for key, value in params.items() if key in ("store_url", "store"))
+    cache = next(value for key, value in params.items() if key.endswith("cache_url"))
+    stores = list(STORE_URLS)
+    turn = zlib.crc32(item.originalname.encode())
+    return stores.index(store) == (_CACHES.index(cache) + turn) % len(stores)
 
 
 # Every run draws the same examples: a failure is one that the next run shows again.

@@ -72,6 +72,7 @@ async def joined(process: Any) -> int:
     return int(process.exitcode)
 
 
+@pytest.mark.pairs
 def test_sync_and_async_processes_count_into_the_same_counter_exactly(
     store_url: str, aio_cache_url: str, name: str
 ) -> None:
@@ -166,6 +167,7 @@ def test_a_failed_combined_write_raises_for_every_caller_and_applies_for_none(
     assert value == INT64_MAX - 10
 
 
+@pytest.mark.pairs
 def test_cancelled_increments_apply_or_not_and_keyed_retries_make_them_exact(
     store_url: str, aio_cache_url: str, name: str
 ) -> None:
@@ -369,6 +371,7 @@ def test_concurrent_coroutines_share_one_cache_command(
     assert value == 257
 
 
+@pytest.mark.pairs
 def test_cancelled_buffered_increments_counted_or_not_never_half(
     store_url: str, aio_cache_url: str, name: str
 ) -> None:
@@ -518,6 +521,7 @@ def test_closing_flushes_what_is_pending(store_url: str, aio_cache_url: str, nam
         assert kit.store.total(name) == 40
 
 
+@pytest.mark.pairs
 def test_async_delete_and_reset_end_every_kind(
     store_url: str, aio_cache_url: str, name: str
 ) -> None:
@@ -555,6 +559,7 @@ def test_async_delete_and_reset_end_every_kind(
 # -- monotonic counters and id allocators -------------------------------------------------
 
 
+@pytest.mark.pairs
 def test_ids_from_sync_and_async_processes_never_repeat(
     store_url: str, aio_cache_url: str, name: str
 ) -> None:
@@ -583,6 +588,7 @@ def test_ids_from_sync_and_async_processes_never_repeat(
     assert len(set(taken) | set(synced)) == len(taken) + len(synced) == 600
 
 
+@pytest.mark.pairs
 def test_cancelled_id_takers_leave_no_lock_held_and_no_id_twice(
     store_url: str, aio_cache_url: str, name: str
 ) -> None:
@@ -664,6 +670,7 @@ def drop(table: str) -> Callable[[shardkit.aio.AsyncKit], Awaitable[None]]:
     return dropping
 
 
+@pytest.mark.pairs
 def test_monotonic_values_from_coroutines_are_distinct_and_persisted(
     store_url: str, aio_cache_url: str, name: str
 ) -> None:

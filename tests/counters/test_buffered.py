@@ -79,6 +79,7 @@ def test_a_counter_is_found_by_kind_and_its_name_is_not_reused(
 
 
 @pytest.mark.parametrize("delta", [1.5, True, "1", None, 2**63, -(2**63)])
+@pytest.mark.pairs
 def test_bad_deltas_are_refused(kit: shardkit.Kit, name: str, delta: Any) -> None:
     hits = kit.buffered(name, interval=NEVER)
     with pytest.raises(InvalidDelta):
@@ -87,6 +88,7 @@ def test_bad_deltas_are_refused(kit: shardkit.Kit, name: str, delta: Any) -> Non
 
 
 @pytest.mark.parametrize("interval", [0, -1.0, float("nan"), "5", True])
+@pytest.mark.pairs
 def test_bad_intervals_are_refused_before_anything_is_written(
     kit: shardkit.Kit, name: str, interval: Any
 ) -> None:
@@ -263,6 +265,7 @@ def test_closing_the_kit_runs_the_flushes_waiting_in_its_executor(
         assert kit.store.total(name) == 4
 
 
+@pytest.mark.pairs
 def test_concurrent_writers_and_flushes_are_exact(kit: shardkit.Kit, name: str) -> None:
     hits = kit.buffered(name, interval=NEVER)
     moved: list[int] = []

@@ -25,6 +25,7 @@ def test_ids_are_unique_increasing_and_reserved_first(kit: shardkit.Kit, name: s
     assert isinstance(kit.get(name), shardkit.IdAllocator)
 
 
+@pytest.mark.pairs
 def test_concurrent_threads_never_share_an_id(kit: shardkit.Kit, name: str) -> None:
     ids = kit.ids(name, block=50)
     got: list[list[int]] = [[] for _ in range(8)]
@@ -87,6 +88,7 @@ def test_kits_sharing_a_cache_take_increasing_ids_from_shared_blocks(
 
 
 @pytest.mark.parametrize("block", [0, -5, 2**40 + 1, 1.5, True, "10"])
+@pytest.mark.pairs
 def test_bad_blocks_are_refused_before_anything_is_written(
     kit: shardkit.Kit, name: str, block: Any
 ) -> None:

@@ -121,6 +121,7 @@ def test_an_allocator_is_not_reset_and_its_successor_starts_above_it(
 
 
 @pytest.mark.parametrize("kind", ["sharded", "buffered", "monotonic", "ids"])
+@pytest.mark.pairs
 def test_a_deleted_counter_leaves_no_row_and_no_cache_key(
     kit: shardkit.Kit, name: str, kind: str
 ) -> None:
@@ -267,6 +268,7 @@ def test_with_a_cache_of_its_own_a_process_sees_a_delete_once_it_looks(
         assert here.store.counter(sharded) is None
 
 
+@pytest.mark.pairs
 def test_writes_racing_a_reset_count_if_and_only_if_they_may_follow_it(
     shared_kit: shardkit.Kit, name: str
 ) -> None:
@@ -299,6 +301,7 @@ def test_writes_racing_a_reset_count_if_and_only_if_they_may_follow_it(
     assert sum(before) >= 50  # and before it
 
 
+@pytest.mark.pairs
 def test_ids_taken_while_the_allocator_is_deleted_are_all_distinct(
     shared_kit: shardkit.Kit, name: str
 ) -> None:

@@ -88,6 +88,7 @@ def test_an_eviction_between_populate_and_increment_is_retried(
 
 
 @pytest.mark.parametrize("delta", [0, -1, 1.5, True, "1", 2**63])
+@pytest.mark.pairs
 def test_bad_deltas_are_refused(kit: shardkit.Kit, name: str, delta: Any) -> None:
     hits = kit.monotonic(name)
     with pytest.raises(InvalidDelta):
@@ -106,6 +107,7 @@ def test_bad_deltas_are_refused(kit: shardkit.Kit, name: str, delta: Any) -> Non
         ({"shards": 1001}, InvalidShardCount),
     ],
 )
+@pytest.mark.pairs
 def test_bad_options_are_refused_before_anything_is_written(
     kit: shardkit.Kit, name: str, options: dict[str, Any], error: type[Exception]
 ) -> None:
@@ -123,6 +125,7 @@ def test_its_name_is_not_reused_by_another_kind(kit: shardkit.Kit, name: str) ->
     assert isinstance(kit.get(name), shardkit.MonotonicCounter)
 
 
+@pytest.mark.pairs
 def test_concurrent_increments_hand_out_each_value_once(kit: shardkit.Kit, name: str) -> None:
     hits = kit.monotonic(name, shards=8, chance_to_write=0.2)
     got: list[list[int]] = [[] for _ in range(8)]

@@ -73,6 +73,7 @@ def test_a_write_does_not_create_a_cached_value(kit: shardkit.Kit, name: str) ->
     assert votes.value() == 7  # had the writes created the cached value, it would read 4
 
 
+@pytest.mark.pairs
 def test_shards_only_grow_and_growing_keeps_the_value(
     kit: shardkit.Kit, store_url: str, name: str
 ) -> None:

@@ -304,6 +304,7 @@ def judge_shards(shards: object, *, auto: bool) -> Refused | None:
     ops=[(1, INT64_MAX, None), (1, 1, None), (-1, -INT64_MAX, None), (-1, INT64_MAX, None)],
     grows=[2],
 ).via("a shard's overflow")
+@pytest.mark.pairs
 def test_sharded_counters(
     big: shardkit.Kit,
     name: Any,
@@ -365,6 +366,7 @@ STRIPES = st.one_of(st.none(), numbers(1, 256))
     ops=st.lists(st.tuples(st.sampled_from([1, -1]), DELTAS), min_size=1, max_size=8),
     flush=st.sampled_from(["flush", "flush_all", None]),
 )
+@pytest.mark.pairs
 def test_buffered_counters(
     big: shardkit.Kit,
     name: Any,
@@ -420,6 +422,7 @@ CHANCES = numbers(0, 1, whole=False)
     chances=some(CHANCES),
     deltas=st.lists(DELTAS, max_size=6),
 )
+@pytest.mark.pairs
 def test_monotonic_counters(
     big: shardkit.Kit, name: Any, shards: list[Any], chances: list[Any], deltas: list[Any]
 ) -> None:
@@ -458,6 +461,7 @@ COUNTS = numbers(1, MAX_TAKE)
 
 @fuzz
 @given(name=NAMES, blocks=some(BLOCKS), counts=st.lists(COUNTS, max_size=4))
+@pytest.mark.pairs
 def test_id_allocators(big: shardkit.Kit, name: Any, blocks: list[Any], counts: list[Any]) -> None:
     def judge_block(block: object) -> Refused | None:
         return refused_int(block, "block", 1, MAX_BLOCK)
@@ -489,6 +493,7 @@ def test_id_allocators(big: shardkit.Kit, name: Any, blocks: list[Any], counts: 
 
 @fuzz
 @given(names=st.one_of(st.lists(NAMES, max_size=6), st.lists(NAMES, max_size=6).map(tuple), NAMES))
+@pytest.mark.pairs
 def test_reading_many_counters(big: shardkit.Kit, names: Any) -> None:
     """No counter exists: every name reads 0, and ``get`` finds none."""
     if isinstance(names, list | tuple):
@@ -544,6 +549,7 @@ def done_job(big: shardkit.Kit, tiny_table: sa.Table) -> str:
     ),
     job=JOB_IDS,
 )
+@pytest.mark.pairs
 def test_mapper_options(
     big: shardkit.Kit,
     tiny_table: sa.Table,
@@ -636,6 +642,7 @@ def _secret_free(text: str, password: str) -> None:
 
 @fuzz
 @given(url=urls(), role=st.sampled_from(["store", "cache"]))
+@pytest.mark.pairs
 def test_connect_urls(
     store_url: str,
     cache_url: str,

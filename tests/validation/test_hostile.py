@@ -17,6 +17,7 @@ from shardkit.store.base import Flushed
 
 
 @pytest.mark.parametrize("delta", [MAX_DELTA + 1, -MAX_DELTA - 1, 2**62, 2**63 - 1])
+@pytest.mark.pairs
 def test_a_buffered_delta_past_its_limit_is_refused_and_counts_nothing(
     kit: shardkit.Kit, name: str, delta: int
 ) -> None:
@@ -37,6 +38,7 @@ def _writing(counter: BufferedCounter) -> tuple[int, tuple[str, str]]:
     return writing
 
 
+@pytest.mark.pairs
 def test_a_full_generation_hands_over_to_a_new_one(big: shardkit.Kit, name: str) -> None:
     """Once a sum passes 2**61, the next increments go to another generation: no sum can
     reach what the cache (memcached wraps at it) or the store holds, and nothing is lost."""
@@ -53,6 +55,7 @@ def test_a_full_generation_hands_over_to_a_new_one(big: shardkit.Kit, name: str)
     assert counter.value() == _FULL + MAX_DELTA + 7
 
 
+@pytest.mark.pairs
 def test_a_flush_past_signed_64_bit_fails_alone_and_keeps_the_pending_sums(
     big: shardkit.Kit, name: str
 ) -> None:
@@ -89,6 +92,7 @@ BAD_SECONDS = [math.inf, -math.inf, math.nan, -0.0, 0.0, 1e-300, 1e300, 10**400,
 
 
 @pytest.mark.parametrize("interval", BAD_SECONDS)
+@pytest.mark.pairs
 def test_unusable_intervals_are_refused_before_anything_is_counted(
     kit: shardkit.Kit, name: str, interval: float
 ) -> None:
@@ -140,6 +144,7 @@ def test_redact_never_raises_and_hides_the_password(url: str) -> None:
     assert "hunter2pw" not in _urls.redact(url)
 
 
+@pytest.mark.pairs
 def test_a_sharded_counter_reads_exactly_past_signed_64_bit(big: shardkit.Kit, name: str) -> None:
     """Each shard stays within signed 64-bit (a write past it is refused, not counted);
     their sum may not, and reads exactly on every store (SQLite's sum() would fail)."""
