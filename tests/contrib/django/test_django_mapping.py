@@ -10,6 +10,7 @@ import pytest
 from django.core.management import call_command
 from django.db import transaction
 from django.db.models import F
+from django.db.models.signals import post_init
 
 from executors import HeldExecutor
 from shardkit import Batch, Completion, ConfigurationError, JobNotFound
@@ -69,6 +70,51 @@ def test_a_queryset_is_mapped_exactly_once_through_failing_pages(database: str) 
     assert completions == [active]
 
 
+def test_a_values_queryset_is_mapped_without_building_an_instance_per_row(
+    database: str,
+) -> None:
+    """The stated cost and the way past it: a model queryset's pages are model
+    instances, one built per row visited (Django's ``post_init`` counts them); a
+    ``values_list()`` or ``values()`` queryset's are tuples or dicts, no instance built,
+    in a transactional job too."""
+    make_accounts(120)
+    built: list[int] = []
+
+    def count(instance: Account, **_: Any) -> None:
+        built.append(instance.pk)
+
+    def visit(queryset: Any, **options: Any) -> list[Any]:
+        seen: list[Any] = []
+        job = kit().map(queryset, lambda batch: seen.extend(batch.rows), page_size=20, **options)
+        assert job.wait(timeout=60).rows == len(seen)
+        return seen
+
+    active = Account.objects.filter(active=True)
+    post_init.connect(count, sender=Account)
+    try:
+        pairs = visit(active.values_list("balance", "id"), fanout=2, transactional=True)
+        named = visit(Account.objects.values_list("pk", "email", named=True))
+        flat = visit(Account.objects.values_list("id", flat=True))
+        dicts = visit(active.values("email", "pk"))
+        every = visit(Account.objects.values())
+        assert built == []
+        instances = visit(active)
+    finally:
+        post_init.disconnect(count, sender=Account)
+    ids = sorted(active.values_list("id", flat=True))
+    assert len(ids) == 90
+    assert sorted(pairs) == sorted((0, pk) for pk in ids)
+    assert all(type(row) is tuple for row in pairs)
+    assert sorted(row.pk for row in named) == sorted(flat) == sorted(row["id"] for row in every)
+    assert sorted(flat) == sorted(Account.objects.values_list("id", flat=True))
+    assert sorted(row["pk"] for row in dicts) == ids
+    assert sorted(built) == sorted(row.pk for row in instances) == ids  # one per row
+    with pytest.raises(ConfigurationError, match="must hold its key 'id'"):
+        kit().map(Account.objects.values_list("email", "balance"), lambda batch: None)
+    with pytest.raises(ConfigurationError, match="must hold its key 'email'"):
+        kit().map(Account.objects.values("id"), lambda batch: None, key="email")
+
+
 def test_a_queryset_of_another_database_is_refused(database: str) -> None:
     other = "postgres" if database == "default" else "default"
     with pytest.raises(ConfigurationError, match="SHARDKIT"):
@@ -91,6 +137,12 @@ def test_a_pickled_queryset_source_carries_its_query_not_its_rows(database: str)
         "user00012@example.com",
         "user00016@example.com",
     ]
+    # A values_list queryset's rows keep their shape: tuples, its key read from them.
+    pairs = signer.loads(signer.dumps(QuerySetSource(queryset.values_list("email", "id"))))
+    assert isinstance(pairs, QuerySetSource)
+    rows = sorted(pairs.queryset)
+    assert [row[0] for row in rows] == ["user00012@example.com", "user00016@example.com"]
+    assert [pairs.key_of(row) for row in rows] == [row[1] for row in rows]
 
 
 def test_jobs_command_lists_and_shows_jobs(

@@ -1,21 +1,30 @@
 """A Django queryset as a mapping source: ``kit().map(Account.objects.filter(active=True), fn)``.
 
-The job's pages are model instances, read in key order by the ORM with ``key > after``
-and ``LIMIT`` (never ``OFFSET``), with the queryset's filters kept. The queryset must be
-on the database of the app's kit (``SHARDKIT['STORE']``): its reads then run on the
-connection of the page's transaction, so in a transactional job ORM writes made by
-``fn`` commit with the checkpoint, exactly once.
+The job's pages are the queryset's rows, read in key order by the ORM with ``key > after``
+and ``LIMIT`` (never ``OFFSET``), with the queryset's filters kept: model instances, or
+for a ``values()`` / ``values_list()`` queryset dicts or tuples, which spare building an
+instance (an object the garbage collector tracks while its page is held) per row. The
+queryset must be on the database of the app's kit (``SHARDKIT['STORE']``): its reads then
+run on the connection of the page's transaction, so in a transactional job ORM writes
+made by ``fn`` commit with the checkpoint, exactly once.
 """
 
 from __future__ import annotations
 
 import json
+import operator
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.apps import apps
 from django.db import connections, models
+from django.db.models.query import (
+    FlatValuesListIterable,
+    ModelIterable,
+    ValuesIterable,
+    ValuesListIterable,
+)
 from sqlalchemy.engine import Connection
 
 from shardkit.errors import ConfigurationError
@@ -27,7 +36,9 @@ from .store import DjangoConnection
 
 
 class QuerySetSource:
-    """A queryset keyed by one unique field (default: the primary key)."""
+    """A queryset keyed by one unique field (default: the primary key). A ``values()``
+    queryset's rows are dicts, a ``values_list()`` one's tuples (or its key alone, with
+    ``flat=True``): the key must be among their fields."""
 
     def __init__(self, queryset: models.QuerySet[Any], key: str | None = None) -> None:
         if key is not None and not isinstance(key, str):
@@ -49,14 +60,18 @@ class QuerySetSource:
             )
         self.queryset = queryset.order_by()
         self.key = field.attname
+        self._key_of = _key_reader(queryset, field)
 
     def __repr__(self) -> str:
         return f"<QuerySetSource {self.queryset.model._meta.label} key={self.key}>"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # A queryset pickles its evaluated rows; its query pickles as the query.
-        model = self.queryset.model._meta.label
-        return (_rebuild, (model, pickle.dumps(self.queryset.query), self.queryset.db, self.key))
+        # A queryset pickles its evaluated rows; its query pickles as the query, and the
+        # shape of its rows (Django keeps it beside the query) goes with it.
+        queryset = self.queryset
+        query = pickle.dumps(queryset.query)
+        shape = (queryset._iterable_class, queryset._fields)
+        return (_rebuild, (queryset.model._meta.label, query, queryset.db, self.key, shape))
 
     def _within(self, conn: Connection, rng: KeyRange, after: Key | None) -> models.QuerySet[Any]:
         """The queryset's rows in ``rng`` above ``after``, read on ``conn``'s connection."""
@@ -80,7 +95,7 @@ class QuerySetSource:
         return list(self._within(conn, rng, after).order_by(self.key)[:limit])
 
     def key_of(self, row: Any) -> Key:
-        return getattr(row, self.key)  # type: ignore[no-any-return]
+        return self._key_of(row)
 
     def bounds(self, conn: Connection, rng: KeyRange, after: Key | None) -> tuple[Key, Key] | None:
         edges = self._within(conn, rng, after).aggregate(
@@ -100,9 +115,38 @@ class QuerySetSource:
         return None  # a queryset's filters travel pickled, signed with the kit's secret
 
 
-def _rebuild(model: str, query: bytes, db: str, key: str) -> QuerySetSource:
+def _key_reader(
+    queryset: models.QuerySet[Any], field: models.Field[Any, Any]
+) -> Callable[[Any], Key]:
+    """How the key is read from a row of ``queryset``: an instance's attribute, a dict's
+    item, a tuple's item, or a flat ``values_list``'s row itself. ``ConfigurationError``
+    if its rows do not hold the key."""
+    shape = queryset._iterable_class
+    fields: tuple[str, ...] = queryset._fields or ()  # type: ignore[attr-defined]
+    if issubclass(shape, ModelIterable):
+        return operator.attrgetter(field.attname)
+    if issubclass(shape, ValuesIterable) and not fields:
+        return operator.itemgetter(field.attname)  # values(): every field, by attname
+    names = {field.name, field.attname} | ({"pk"} if field.primary_key else set())
+    held = [i for i, name in enumerate(fields) if name in names]
+    if held and issubclass(shape, ValuesIterable):
+        return operator.itemgetter(fields[held[0]])
+    if held and issubclass(shape, FlatValuesListIterable):
+        return lambda row: row
+    if held and issubclass(shape, ValuesListIterable):
+        return operator.itemgetter(held[0])
+    raise ConfigurationError(
+        f"the queryset's rows must hold its key {field.name!r}: name it among the fields "
+        "of values() or values_list()"
+    )
+
+
+def _rebuild(
+    model: str, query: bytes, db: str, key: str, shape: tuple[type[Any], Any]
+) -> QuerySetSource:
     queryset = apps.get_model(model)._base_manager.using(db).all()
     queryset.query = pickle.loads(query)  # signed with the job's payload
+    queryset._iterable_class, queryset._fields = shape
     return QuerySetSource(queryset, key)
 
 
