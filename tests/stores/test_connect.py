@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import uuid
 from typing import Any
@@ -11,8 +12,9 @@ import pytest
 import sqlalchemy as sa
 
 import shardkit
-from backends import CACHE_URLS, PREFIX, STORE_URLS, require, run_together
+from backends import CACHE_URLS, PREFIX, STORE_URLS, free_port, require, run_together
 from shardkit.aio.store import async_engine_from_url
+from shardkit.errors import BackendUnavailable
 from shardkit.executor import LocalExecutor
 from shardkit.store.sql import SqlStore
 from shardkit.store.sql.engines import engine_from_url
@@ -166,3 +168,28 @@ def test_postgres_connections_send_keepalives_unless_the_url_says_otherwise() ->
             assert found["keepalives_idle"] == idle
             assert (found["keepalives_interval"], found["keepalives_count"]) == ("5", "3")
             assert found["tcp_user_timeout"] == "30000"
+
+
+def test_pymysql_connections_send_keepalives() -> None:
+    """The options of a PyMySQL connection's socket, read from the live connection:
+    keepalive probes after 10 s of silence, 3 more 5 s apart, and a request
+    unacknowledged for 30 s given up (PyMySQL's own leave the kernel's 2 hours). A server
+    that cannot be reached is still one error naming the URL without its password."""
+    url = STORE_URLS["mysql"] or ""
+    require(url)
+    engine = engine_from_url(url)
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT 1")).scalar_one() == 1
+            sock = conn.connection.dbapi_connection._sock  # type: ignore[union-attr]
+            tcp = [socket.TCP_KEEPIDLE, socket.TCP_KEEPINTVL, socket.TCP_KEEPCNT]
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            assert [sock.getsockopt(socket.IPPROTO_TCP, option) for option in tcp] == [10, 5, 3]
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 30_000
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    finally:
+        engine.dispose()
+    port = free_port()  # where nothing listens
+    with pytest.raises(BackendUnavailable, match=rf"reach .*app:\*\*\*@127.0.0.1:{port}") as raised:
+        shardkit.connect(f"mysql://app:s3cret@127.0.0.1:{port}/db", prefix=PREFIX)
+    assert "s3cret" not in str(raised.value)

@@ -1,9 +1,11 @@
 """Engines for store URLs (``engine_from_url``, our driver chosen when the URL names
 none), and what is done to an engine's connections: a pooler in front of PostgreSQL
-detected (``watch_for_poolers``), forks gated on SQLite (``gate_forks``)."""
+detected (``watch_for_poolers``), forks gated on SQLite (``gate_forks``), TCP liveness
+set on PostgreSQL's (libpq's settings) and PyMySQL's (``_connect_alive``)."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import weakref
 from collections.abc import Callable, Mapping
@@ -35,18 +37,34 @@ _DRIVERS = {
     "mariadb": ("mariadb+pymysql", "mysql"),
 }
 
-# libpq's settings for a PostgreSQL connection that the URL does not give: a server or
-# network that goes silent fails the call within about 30 s (keepalive probes after 10 s
-# of silence, 3 more 5 s apart; a request unacknowledged for 30 s) instead of leaving it
-# waiting for hours. A statement that runs long is unaffected: the server's host
-# acknowledges the probes.
+# A server or network that goes silent fails the call within about 30 s (keepalive probes
+# after 10 s of silence, 3 more 5 s apart; a request unacknowledged for 30 s) instead of
+# leaving it waiting for hours. A statement that runs long is unaffected: the server's
+# host acknowledges the probes.
+_IDLE, _INTERVAL, _PROBES, _UNACKED_MS = 10, 5, 3, 30_000
+# libpq's settings for a PostgreSQL connection that the URL does not give.
 _POSTGRES_LIVENESS = {
     "keepalives": "1",
-    "keepalives_idle": "10",
-    "keepalives_interval": "5",
-    "keepalives_count": "3",
-    "tcp_user_timeout": "30000",
+    "keepalives_idle": str(_IDLE),
+    "keepalives_interval": str(_INTERVAL),
+    "keepalives_count": str(_PROBES),
+    "tcp_user_timeout": str(_UNACKED_MS),
 }
+# The same as socket options (level, name, value), those the platform has: PyMySQL's.
+_SOCKET_LIVENESS = [
+    (level, getattr(socket, name), value)
+    for level, name, value in (
+        (socket.SOL_SOCKET, "SO_KEEPALIVE", 1),
+        (socket.IPPROTO_TCP, "TCP_KEEPIDLE", _IDLE),  # Linux
+        (socket.IPPROTO_TCP, "TCP_KEEPALIVE", _IDLE),  # macOS
+        (socket.IPPROTO_TCP, "TCP_KEEPINTVL", _INTERVAL),
+        (socket.IPPROTO_TCP, "TCP_KEEPCNT", _PROBES),
+        (socket.IPPROTO_TCP, "TCP_USER_TIMEOUT", _UNACKED_MS),
+    )
+    if hasattr(socket, name)
+]
+# PyMySQL's error for a server that cannot be reached (CR_CONN_HOST_ERROR).
+_CONN_HOST_ERROR = 2003
 
 # The fork gate of each SQLite engine (``gate_forks``).
 _GATES: weakref.WeakKeyDictionary[Engine, ForkGate] = weakref.WeakKeyDictionary()
@@ -77,6 +95,32 @@ def gate_forks(engine: Engine) -> ForkGate | None:
             sa.event.listen(engine, "checkout", lambda _, record, __: gate.enter(record))
             sa.event.listen(engine, "checkin", lambda _, record: gate.leave(record))
     return gate
+
+
+def _connect_alive(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+    """``do_connect`` hook of PyMySQL engines: the connection made (``defer_connect``)
+    and then connected on a TCP socket of ours with ``_SOCKET_LIVENESS`` set. PyMySQL's
+    own turns keepalives on and leaves their timing to the kernel (on Linux, probes
+    after 2 hours of silence). A Unix socket, which no network silences, is PyMySQL's.
+    A server that cannot be reached raises PyMySQL's error for it."""
+    dbapi = dialect.loaded_dbapi
+    connection = dbapi.connect(*cargs, **{**cparams, "defer_connect": True})
+    if connection.unix_socket:
+        connection.connect()
+        return connection
+    source = None if connection.bind_address is None else (connection.bind_address, 0)
+    address = (connection.host, connection.port)
+    try:
+        sock = socket.create_connection(address, connection.connect_timeout, source)
+    except OSError as exc:
+        raise dbapi.OperationalError(
+            _CONN_HOST_ERROR, f"Can't connect to MySQL server on {connection.host!r} ({exc})"
+        ) from exc
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for level, option, value in _SOCKET_LIVENESS:
+        sock.setsockopt(level, option, value)
+    connection.connect(sock)
+    return connection
 
 
 def _detect_pooler(dbapi_connection: Any, record: Any, proxy: Any) -> None:
@@ -142,7 +186,7 @@ def engine_from_url(url: str, *, pool_size: int | None = None, existing: bool = 
     ``pool_size`` connections are kept open (SQLAlchemy's default, 5, when None): as many
     as the threads that use the store at once, or each one past it opens and closes a
     connection of its own. Its connections are checked for a pooler in front of the
-    server (``watch_for_poolers``).
+    server (``watch_for_poolers``); PyMySQL's send keepalives (``_connect_alive``).
 
     Raises ``MissingDriver`` naming the extra to install, or ``ConfigurationError``; with
     ``existing``, ``StoreNotFound`` for a SQLite file that does not exist (SQLite would
@@ -152,6 +196,8 @@ def engine_from_url(url: str, *, pool_size: int | None = None, existing: bool = 
         url, sa.create_engine, _DRIVERS, pool_size=pool_size, existing=existing
     )
     watch_for_poolers(engine)
+    if engine.dialect.driver == "pymysql":
+        sa.event.listen(engine, "do_connect", _connect_alive)
     return engine
 
 
