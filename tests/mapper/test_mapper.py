@@ -42,6 +42,7 @@ from shardkit.mapper.planning import _targets
 from shardkit.mapper.source import Statistics, StatisticsSource
 from shardkit.mapper.spec import reference
 from shardkit.mapper.tables import ledger_tables
+from shardkit.mapper.task import TASK
 from shardkit.store.sql import SqlStore
 
 WAIT = 60.0  # seconds: a deadline, never a pause
@@ -1413,6 +1414,46 @@ def test_a_range_run_again_after_its_run_died_is_counted_taken_over(
         1,
     )
     assert (root.runs, root.failures) == (2, 0)
+
+
+def test_a_range_delivered_twice_while_it_runs_is_counted_taken_over(
+    tables: Tables, store_url: str
+) -> None:
+    """The stated limit: a range's task delivered again while its first run still runs
+    (a broker's visibility timeout shorter than the run) begins a second run while no
+    failure is recorded, which the ledger counts as a takeover, as for a run that died;
+    it stays counted after the first run ends well. Both runs visit the page the first
+    holds; the rows are counted once."""
+    table, _ = key_table(tables, "sequential", 60)
+    entered, release = threading.Event(), threading.Event()
+    visits: list[int] = []
+
+    def fn(batch: Batch) -> None:
+        visits.append(batch.records[0].k)
+        if len(visits) == 1:  # the first run holds its first page
+            entered.set()
+            assert release.wait(WAIT)
+
+    executor = LocalExecutor(workers=2)
+    with shardkit.connect(store_url, "memory://", prefix=PREFIX, executor=executor) as here:
+        job = here.map(table, fn, page_size=30, fanout=1)
+        assert entered.wait(WAIT)
+        root = KeyRange().id(job.id)
+        executor.submit(TASK, {"job": job.id, "range": root})  # delivered again
+        during = job.wait(WAIT)  # the second run visits the range to its end
+        release.set()
+        executor.close()  # drained: the first run has ended too
+        after = job.status()
+        [ranged] = job.ranges()
+    assert (during.state, during.rows, during.failures, during.taken_over) == (
+        "complete",
+        60,
+        0,
+        1,
+    )
+    assert after == during
+    assert (ranged.runs, ranged.failures) == (2, 0)
+    assert sorted(visits) == [1, 1, 31]  # the first page by both runs
 
 
 def test_a_failed_job_resumes_where_it_stopped(kit: shardkit.Kit, tables: Tables) -> None:

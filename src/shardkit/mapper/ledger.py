@@ -62,10 +62,13 @@ class JobStatus:
     its first task ran); ``pending`` ranges are queued or in flight; ``depth`` is the
     deepest split so far; ``failures`` counts the failed attempts of its ranges (each
     retried, until ``retries`` is spent; ``resume()`` clears the pending ones');
-    ``taken_over`` counts the runs of its ranges begun after an earlier run of the range
-    ended without a word: its worker died or was cut off mid-range (the executor
-    delivered its task again), a failure of it the store could not record, or its task
-    delivered twice (``resume()`` clears the pending ones' too).
+    ``taken_over`` counts the runs of its ranges begun while an earlier run of the range
+    had not ended with a word (done, stopped, or its failure recorded): its worker died
+    or was cut off mid-range (the executor delivered its task again), or a failure of it
+    the store could not record (``resume()`` clears the pending ones' too). The ledger
+    cannot tell a live run from a dead one: a task delivered again while its run still
+    runs (a broker's visibility timeout shorter than the run) counts too, and stays
+    counted once both runs have ended.
     """
 
     id: str
@@ -93,7 +96,8 @@ class JobStatus:
     failures: int = 0
     """Failed attempts of its ranges."""
     taken_over: int = 0
-    """Runs of its ranges begun after an earlier run ended unrecorded."""
+    """Runs of its ranges begun while an earlier run had not ended with a word (its
+    worker died, or its task was delivered again while it ran)."""
 
     @property
     def finished(self) -> bool:

@@ -103,8 +103,8 @@ class KitCollector:
         )
         taken = core.CounterMetricFamily(
             "shardkit_job_ranges_taken_over",
-            "Runs of a job's ranges begun after an earlier run ended unrecorded (its worker"
-            " died or was cut off, or its task was delivered twice).",
+            "Runs of a job's ranges begun while an earlier run had not ended with a word (its"
+            " worker died or was cut off, or its task was delivered again while it ran).",
             labels=job,
         )
         state = core.GaugeMetricFamily(
