@@ -111,7 +111,8 @@ class Meter:
         """``change`` (+1 or -1) ranges of mapping job ``job`` started or stopped running
         in this process (a job with none running has no series here: a process that
         runs a job a minute for weeks keeps no series per job it ran, except under
-        prometheus_client's multiprocess mode, whose files keep each at 0)."""
+        prometheus_client's multiprocess mode, whose file keeps each at 0 until the
+        process ends; the exporter leaves those out)."""
 
 
 meter = Meter()

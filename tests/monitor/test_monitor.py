@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import shutil
 import subprocess
@@ -37,6 +38,7 @@ from backends import (
     documented_table,
     free_port,
     numbered_table,
+    parse_samples,
     require,
     sample,
     scrape,
@@ -45,7 +47,7 @@ from backends import (
 )
 from servers import RedisServer, running, unavailable
 from shardkit.monitor.asgi import dashboard
-from shardkit.monitor.exporter import registry, serve
+from shardkit.monitor.exporter import exposition, registry, serve
 from shardkit.store.sql import SqlStore
 
 TOKEN = "a-token-long-enough"
@@ -273,6 +275,58 @@ def test_the_live_gauges_of_killed_processes_leave_the_sum(
         wait_for(lambda: running(jobs[0]) is None, "the killed process' range to leave", 30)
         assert running(jobs[1]) == 1
     engine.dispose()
+
+
+def test_jobs_a_process_ran_leave_the_exposition_not_the_processs_file(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under $PROMETHEUS_MULTIPROC_DIR a process that ran five jobs to completion and
+    runs a sixth: only the sixth has a ``shardkit_job_ranges_running`` series, as without
+    the directory; the stated limit is that the process's file keeps a series for each
+    of the six (prometheus_client cannot remove one) until the process has ended."""
+    from prometheus_client.mmap_dict import MmapedDict
+
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    engine = sa.create_engine(sqlite_url)
+    with contextlib.ExitStack() as stack:
+        table = stack.enter_context(numbered_table(engine, "ran", 30))
+        command = [sys.executable, str(SUPPORT / "running_job.py"), sqlite_url, PREFIX]
+        process = stack.enter_context(
+            subprocess.Popen(
+                [*command, table.name, "5"], env=env, stdout=subprocess.PIPE, text=True
+            )
+        )
+        stack.callback(process.kill)
+        assert process.stdout is not None
+        finished = process.stdout.readline().split()
+        held = process.stdout.readline().strip()
+        collected = registry(None)
+        served = parse_samples(exposition(collected, None)[0].decode())
+        file = tmp_path / f"gauge_livesum_{process.pid}.db"
+        entries = [
+            (json.loads(key), value)
+            for key, value, _, _ in MmapedDict.read_all_values_from_file(str(file))
+        ]  # each key: [metric, sample, labels, help]
+        kept = {
+            key[2]["job_id"]: value
+            for key, value in entries
+            if key[0] == "shardkit_job_ranges_running"
+        }
+        process.kill()
+        process.wait(30)
+        exposition(collected, None)  # drops the files of the processes that have ended
+        assert not file.exists()
+    engine.dispose()
+    running = {
+        dict(labels)["job_id"]: value
+        for (metric, labels), value in served.items()
+        if metric == "shardkit_job_ranges_running"
+    }
+    assert len(finished) == 5
+    assert running == {held: 1}
+    assert kept == {**dict.fromkeys(finished, 0.0), held: 1.0}
 
 
 def test_a_process_of_another_pid_namespace_is_judged_by_its_pid_here(

@@ -145,7 +145,11 @@ class _LiveProcesses:
     live gauges (``shardkit_job_ranges_running``) of processes that have ended, however
     they ended (a SIGKILLed worker, a Celery pool child): their share leaves the sum at
     the next scrape. The processes must share this one's pid namespace (one host, one
-    container), as the directory's files are named by pid."""
+    container), as the directory's files are named by pid.
+
+    A process's file keeps a series for every job it ran (prometheus_client cannot
+    remove one): a job with no range running in any process is left out, as it has no
+    series without the directory."""
 
     def __init__(self, path: str) -> None:
         self._path = path
@@ -159,7 +163,11 @@ class _LiveProcesses:
             pid = file.stem.rsplit("_", 1)[1]
             if pid.isdigit() and not _alive(int(pid)):
                 prometheus().multiprocess.mark_process_dead(int(pid), self._path)
-        return self._collector.collect()  # type: ignore[no-any-return]
+        families: list[Any] = self._collector.collect()
+        for family in families:
+            if family.name == "shardkit_job_ranges_running":
+                family.samples = [sample for sample in family.samples if sample.value]
+        return families
 
 
 def _alive(pid: int) -> bool:
