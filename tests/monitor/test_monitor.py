@@ -5,6 +5,7 @@ and bad input."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import itertools
 import json
@@ -45,7 +46,7 @@ from backends import (
     store_url_for,
     wait_for,
 )
-from servers import RedisServer, running, unavailable
+from servers import PostgresServer, RedisServer, running, unavailable
 from shardkit.monitor.asgi import dashboard
 from shardkit.monitor.exporter import exposition, registry, serve
 from shardkit.store.sql import SqlStore
@@ -214,6 +215,58 @@ def test_a_cache_outage_is_ridden_out_and_counted(sqlite_url: str, name: str) ->
         == 1
     )
     assert sample(after, "shardkit_monitor_read_ok") == 0
+
+
+def test_a_scrape_serves_the_last_reading_while_the_store_is_silent(name: str) -> None:
+    """A store that stops answering (its processes stopped: its connections open, its
+    host acknowledging, nothing replying, as mid-failover) holds the scrape's read, not
+    the scrape: after its timeout the scrape serves the last reading, its age, and
+    ``read_ok`` 0; the next scrape waits for the read in flight instead of beginning
+    another; once the store answers, scrapes read afresh."""
+    with running(PostgresServer) as server, shardkit.connect(server.url, prefix=PREFIX) as kit:
+        kit.sharded(name).incr(4)
+        collected = registry(kit, [name], timeout=0.5)
+
+        def read() -> Samples:
+            return parse_samples(exposition(collected, None)[0].decode())
+
+        def read_afresh() -> Samples:
+            """A scrape that served its own read (a loaded machine's may be late)."""
+            got: list[Samples] = []
+
+            def own() -> bool:
+                got.append(read())
+                return sample(got[-1], "shardkit_monitor_read_ok") == 1
+
+            wait_for(own, "a scrape's own read", 60)
+            return got[-1]
+
+        def reads() -> list[threading.Thread]:
+            return [t for t in threading.enumerate() if t.name == "shardkit-metrics-read"]
+
+        before = read_afresh()
+        for thread in reads():  # its read has ended: its thread ends
+            thread.join(60)
+        # The store answers again before the scraper is awaited, whatever happened.
+        with concurrent.futures.ThreadPoolExecutor(1) as scraper, server.silent():
+            late = [scraper.submit(read) for _ in range(2)]
+            # Each within its timeout (the deadline only detects a scrape held by the
+            # store, which stays silent until the block exits).
+            silent = [scrape.result(timeout=60) for scrape in late]
+            assert len(reads()) == 1  # the read begun by the first, still waiting
+        kit.sharded(name).incr(1)
+        read_afresh()  # the read begun in the silence, perhaps
+        after = read_afresh()
+    assert sample(before, "shardkit_monitor_read_ok") == 1
+    assert sample(before, "shardkit_value", counter=name, kind="sharded") == 4
+    for got in silent:
+        assert sample(got, "shardkit_monitor_read_ok") == 0
+        assert sample(got, "shardkit_value", counter=name, kind="sharded") == 4
+        # At least the wait for the read that did not come, past the one served.
+        age = sample(got, "shardkit_monitor_read_age_seconds")
+        assert age >= 0.5 + sample(before, "shardkit_monitor_read_age_seconds")
+    assert sample(silent[1], "shardkit_monitor_read_age_seconds") >= 1.0  # two waits
+    assert sample(after, "shardkit_value", counter=name, kind="sharded") == 5
 
 
 @pytest.mark.slow

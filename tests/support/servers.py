@@ -156,6 +156,26 @@ class Server:
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
 
+    @contextlib.contextmanager
+    def silent(self) -> Iterator[None]:
+        """The server's processes stopped (SIGSTOP) for the block: its connections stay
+        open and its host acknowledges what is sent on them, but nothing answers, as a
+        server hung or failing over; they go on (SIGCONT) when the block exits,
+        however."""
+        assert self.process is not None, "never started"
+        assert self.process.poll() is None, "not running"
+        os.kill(self.process.pid, signal.SIGSTOP)  # first: it starts no other meanwhile
+        # Then the processes it started, which may have left its session (PostgreSQL's).
+        stopped = [self.process.pid, *_descendants(self.process.pid)]
+        for pid in stopped[1:]:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for pid in stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+
     def up(self) -> Server:
         """This server, started again if it is not running."""
         if self.process is None or self.process.poll() is not None:
@@ -173,6 +193,16 @@ class Server:
             with contextlib.suppress(ProcessLookupError):  # anything it left in its session
                 os.killpg(self.process.pid, signal.SIGKILL)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes ``pid`` started, and theirs, from ``/proc``."""
+    children = [
+        int(child)
+        for task in Path(f"/proc/{pid}/task").glob("*")
+        for child in (task / "children").read_text().split()
+    ]
+    return [found for child in children for found in (child, *_descendants(child))]
 
 
 class PostgresServer(Server):

@@ -10,7 +10,9 @@ server's workers, Celery's pool), summed; otherwise this process's own.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,35 +27,91 @@ if TYPE_CHECKING:
 
 # Jobs whose progress a scrape reports: the running ones, and the latest finished.
 _FINISHED_JOBS = 20
+# Seconds a scrape waits for its read of the store and cache: well within Prometheus'
+# default scrape timeout (10 s), which a store failing over would otherwise outlast.
+READ_TIMEOUT = 5.0
+
+
+class _Reading:
+    """One read of the store and cache, run in a daemon thread of its own: its metric
+    families once ``done`` (None if it failed with a ``ShardkitError``; ``error``, any
+    other exception), and when it began (``time.monotonic()``)."""
+
+    def __init__(self, read: Callable[[], list[Any]], finished: Callable[[_Reading], None]) -> None:
+        self.began = time.monotonic()
+        self.done = threading.Event()
+        self.families: list[Any] | None = None
+        self.error: Exception | None = None
+        self._read, self._finished = read, finished
+        threading.Thread(target=self._run, name="shardkit-metrics-read", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            self.families = self._read()
+        except ShardkitError:
+            pass
+        except Exception as exc:  # raised by the scrape that waits for it
+            self.error = exc
+        finally:
+            self._finished(self)
+            self.done.set()
 
 
 class KitCollector:
     """Reads at each scrape what lives in the store and cache rather than in a process:
     the progress of mapping jobs (every running one, and the latest finished), the
     increments pending in all buffered counters, and the value of each counter in
-    ``counters`` (only those: a label per counter name is the user's choice). A read that
-    fails sets ``shardkit_monitor_read_ok`` to 0 instead of failing the scrape."""
+    ``counters`` (only those: a label per counter name is the user's choice).
 
-    def __init__(self, kit: Kit, counters: Sequence[str] = ()) -> None:
+    A scrape waits ``timeout`` seconds for its read. A read that fails, or is not done
+    by then (it goes on in the background; a scrape meanwhile waits for it rather than
+    start another), makes the scrape serve the last reading that succeeded, with
+    ``shardkit_monitor_read_age_seconds`` its age, and ``shardkit_monitor_read_ok`` 0.
+    """
+
+    def __init__(
+        self, kit: Kit, counters: Sequence[str] = (), timeout: float = READ_TIMEOUT
+    ) -> None:
         self.kit = kit
         self.counters = list(counters)
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._reading: _Reading | None = None  # in flight
+        self._last: _Reading | None = None  # the last that succeeded
 
     def describe(self) -> Iterable[Any]:
         return []  # nothing is read when the collector is registered
 
     def collect(self) -> Iterator[Any]:
         core = prometheus().core
-        families: list[Any] = []
-        ok = 1
-        try:
-            families += self._counters(core)
-            families += self._jobs(core)
-        except ShardkitError:
-            ok = 0
-        yield from families
+        with self._lock:
+            reading = self._reading = self._reading or _Reading(self._read, self._finished)
+        reading.done.wait(self.timeout)
+        if reading.error is not None:
+            raise reading.error
+        with self._lock:
+            served = self._last
+        ok = int(served is reading)
+        if served is not None:
+            yield from served.families or ()
+            yield core.GaugeMetricFamily(
+                "shardkit_monitor_read_age_seconds",
+                "Seconds since the read of the store and cache served began.",
+                time.monotonic() - served.began,
+            )
         yield core.GaugeMetricFamily(
             "shardkit_monitor_read_ok", "1 if the last scrape read the store and cache.", ok
         )
+
+    def _read(self) -> list[Any]:
+        core = prometheus().core
+        return self._counters(core) + self._jobs(core)
+
+    def _finished(self, reading: _Reading) -> None:
+        with self._lock:
+            self._reading = None
+            if reading.families is not None:
+                self._last = reading
 
     def _counters(self, core: Any) -> list[Any]:
         kit = self.kit
@@ -187,11 +245,12 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def registry(kit: Kit | None, counters: Sequence[str] = ()) -> Any:
+def registry(kit: Kit | None, counters: Sequence[str] = (), timeout: float = READ_TIMEOUT) -> Any:
     """A prometheus_client registry of everything shardkit exposes: the recorded metrics
     (every process's, under ``$PROMETHEUS_MULTIPROC_DIR``, without the live gauges of
     processes that have ended; else this one's) and, given a (sync) ``kit``, a
-    ``KitCollector`` on it with ``counters`` listed."""
+    ``KitCollector`` on it with ``counters`` listed, waiting ``timeout`` seconds for its
+    read."""
     prom = prometheus()
     collected = prom.CollectorRegistry(auto_describe=False)
     path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
@@ -200,7 +259,7 @@ def registry(kit: Kit | None, counters: Sequence[str] = ()) -> Any:
     else:
         collected.register(_Recorded(prom.REGISTRY))
     if kit is not None:
-        collected.register(KitCollector(kit, counters))
+        collected.register(KitCollector(kit, counters, timeout))
     return collected
 
 

@@ -12,17 +12,24 @@ counters whose values the metrics export.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from shardkit.errors import ShardkitError
+from shardkit.monitor.exporter import KitCollector, exposition, registry
 from shardkit.monitor.report import PAGE_HEADERS, Monitor
 
 from .conf import kit, options
+
+if TYPE_CHECKING:
+    from shardkit.kit import Kit
 
 
 def _monitor() -> Monitor:
@@ -73,8 +80,27 @@ def act(request: HttpRequest, job: str, action: str) -> JsonResponse:
 def metrics(request: HttpRequest) -> HttpResponse:
     """Prometheus metrics: every process's under ``$PROMETHEUS_MULTIPROC_DIR`` (set it
     for gunicorn's workers), and the kit's jobs and counters read at each scrape."""
-    from shardkit.monitor.exporter import exposition, registry
-
-    collected = registry(kit(), options()["METRICS_COUNTERS"])
+    collected = _registry(kit(), tuple(options()["METRICS_COUNTERS"]))
     body, content_type = exposition(collected, request.headers.get("Accept"))
     return HttpResponse(body, content_type=content_type)
+
+
+class _DjangoReads(KitCollector):
+    """A ``KitCollector`` whose reads, each in a thread of its own, close that thread's
+    database connections when they end, as a request's are closed."""
+
+    def _read(self) -> list[Any]:
+        try:
+            return super()._read()
+        finally:
+            connections.close_all()
+
+
+@functools.lru_cache(maxsize=1)
+def _registry(the_kit: Kit, counters: Sequence[str]) -> Any:
+    """The registry of the app's kit, kept from scrape to scrape: a scrape whose read of
+    the store is late serves the last reading, and waits for the read in flight rather
+    than begin another."""
+    collected = registry(None)
+    collected.register(_DjangoReads(the_kit, counters))
+    return collected
