@@ -1,4 +1,4 @@
-"""The mapper's guarantee under faults: 60,000 rows (``SHARDKIT_TEST_MAPPER_ROWS`` sets
+"""The mapper's guarantee under faults: 30,000 rows (``SHARDKIT_TEST_MAPPER_ROWS`` sets
 another number), ``fn`` adds 10 to each in a transactional job while pages fail and the
 processes running them are SIGKILLed.
 
@@ -30,7 +30,7 @@ from backends import PREFIX, SUPPORT, store_url_for
 from celery_app import Config, build
 from celery_workers import Workers, config_for
 
-ROWS = int(os.environ.get("SHARDKIT_TEST_MAPPER_ROWS", "60000"))  # 120 pages of 500
+ROWS = int(os.environ.get("SHARDKIT_TEST_MAPPER_ROWS", "30000"))  # 60 pages of 500
 KILLS = 3
 DEADLINE = 300.0  # seconds a whole job may take, kills and retries included
 

@@ -37,7 +37,7 @@ import sqlalchemy as sa
 
 FAIL_PROBABILITY = 0.04
 FORCED_EVERY = 10  # until both kinds of failure have struck, every 10th page of a process
-KILL_WITHIN = (5, 25)  # a process kills itself at one of its pages in this range
+KILL_WITHIN = (5, 15)  # a process kills itself at one of its pages in this range
 
 _pages = itertools.count(1)
 _kill_at = random.randint(*KILL_WITHIN)
