@@ -22,9 +22,9 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-import pytest
 import sqlalchemy as sa
 
 import shardkit
@@ -35,6 +35,9 @@ from shardkit.mapper.tables import ledger_tables
 from shardkit.store import open_store
 from shardkit.store.sql import SqlStore
 from shardkit.validation import MAX_TTL
+
+if TYPE_CHECKING:  # pytest is imported where a test calls for it, not by the children
+    import pytest  # that import these modules
 
 CI = os.environ.get("CI", "").lower() == "true"
 SUPPORT = Path(__file__).resolve().parent  # these modules: on PYTHONPATH for child processes
@@ -154,6 +157,8 @@ def wait_for(
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
+            import pytest
+
             pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} {status()}")
         time.sleep(0.005)
 
@@ -213,6 +218,8 @@ def free_port() -> int:
 def _missing(reason: str | None) -> None:
     """Skip the calling test for ``reason`` (fail it under CI=true); None: nothing missing."""
     if reason is not None:
+        import pytest
+
         if CI:
             pytest.fail(f"service required in CI: {reason}")
         pytest.skip(reason)
