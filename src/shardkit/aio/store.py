@@ -142,12 +142,17 @@ class AsyncSqlStore(SqlCore, Awaiting):
 
 def async_engine_from_url(url: str, *, pool_size: int | None = None) -> AsyncEngine:
     """An asyncio engine for a store URL (``engine_from_url``'s rules), choosing our async
-    driver when the URL names none: psycopg (``shardkit[postgres]``), asyncmy
-    (``shardkit[mysql]``) or aiosqlite (``shardkit[aio]``)."""
+    driver when the URL names none or a blocking one: psycopg (``shardkit[postgres]``),
+    asyncmy (``shardkit[mysql]``, which leaves out PyMySQL's ``ssl_disabled``) or
+    aiosqlite (``shardkit[aio]``)."""
     scheme, sep, rest = url.partition("://")
     base, _, driver = scheme.partition("+")
     if driver.lower() in _BLOCKING_DRIVERS:  # the sync kit's URL: take the async driver
         url = f"{base}{sep}{rest}"
+    if base.lower() in ("mysql", "mariadb") and "ssl_disabled" in rest:
+        # PyMySQL's option, which asyncmy lacks: it negotiates TLS only when given it.
+        parsed = sa.make_url(url).difference_update_query(["ssl_disabled"])
+        url = parsed.render_as_string(hide_password=False)
     if importlib.util.find_spec("greenlet") is None:  # SQLAlchemy's asyncio runs on it
         raise MissingDriver("the async kit needs: pip install 'shardkit[aio]'")
     try:
