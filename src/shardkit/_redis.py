@@ -41,6 +41,38 @@ for i, key in ipairs(KEYS) do
 end
 """
 
+# Increments guarded by records of their keys (``Recording.incr_once``). KEYS: the sums,
+# then one record per write; ARGV: how many sums, the records' TTL in ms, then each
+# write's sum (its index in KEYS) and delta. Nothing changes unless every sum exists.
+# Returns the sums after (as GET's strings), then 1 for each write applied, 0 for each
+# whose record was set already.
+_INCR_ONCE = """
+local count = tonumber(ARGV[1])
+for i = 1, count do
+  if redis.call('exists', KEYS[i]) == 0 then
+    return false
+  end
+end
+local flags = {}
+for i = count + 1, #KEYS do
+  local at = 2 * (i - count) + 1
+  if redis.call('set', KEYS[i], 1, 'NX', 'PX', ARGV[2]) then
+    redis.call('incrby', KEYS[tonumber(ARGV[at])], ARGV[at + 1])
+    flags[#flags + 1] = 1
+  else
+    flags[#flags + 1] = 0
+  end
+end
+local result = {}
+for i = 1, count do
+  result[i] = redis.call('get', KEYS[i])
+end
+for i, flag in ipairs(flags) do
+  result[count + i] = flag
+end
+return result
+"""
+
 
 def redis_module() -> Any:
     try:
@@ -70,3 +102,4 @@ class Script:
 INCR = Script(_INCR_IF_EXISTS)
 ADDS = Script(_ADD_MANY)
 INCR_MANY = Script(_INCR_MANY_IF_EXIST)
+INCR_ONCE = Script(_INCR_ONCE)

@@ -14,6 +14,7 @@ from pymemcache.exceptions import MemcacheClientError
 from backends import CACHE_URLS, REDIS, require, run_together, wait_for
 from servers import Cutter
 from shardkit.cache import Cache, MemoryCache, memory, open_cache
+from shardkit.cache.base import Recording
 from shardkit.errors import BackendError, BackendUnavailable
 from shardkit.validation import INT64_MAX, INT64_MIN
 
@@ -127,6 +128,48 @@ def test_bump_creates_an_absent_key_at_zero(cache: Cache, key: str) -> None:
 def test_concurrent_bumps_of_an_absent_key_are_exact(cache: Cache, key: str) -> None:
     run_together(8, lambda _: [cache.bump(key, 2) for _ in range(100)])
     assert cache.get(key) == 8 * 100 * 2
+
+
+def test_incr_once_applies_each_record_once_and_only_onto_present_sums(
+    cache: Cache, key: str
+) -> None:
+    """``Recording.incr_once``, on every cache but memcached (which has no atomic command
+    over several keys, and does not claim it)."""
+    if not isinstance(cache, Recording):
+        assert cache.url.startswith("memcached://")
+        return
+    up, down, first, second = (f"{{{key}}}:{part}" for part in ("up", "down", "a", "b"))
+    assert cache.incr_once([up, down], [(first, 0, 5)], 60) is None  # no sums: no change
+    assert cache.get_many([up, first]) == {}
+    cache.add(up, 2**62, None)
+    cache.add(down, 10, None)
+    writes = [(first, 0, 5), (second, 1, 2), (first, 1, 7)]  # a record repeated: left out
+    assert cache.incr_once([up, down], writes, 60) == ([2**62 + 5, 12], [True, True, False])
+    assert cache.incr_once([up, down], [(second, 0, 1)], 60) == ([2**62 + 5, 12], [False])
+    short = f"{{{key}}}:short"
+    cache.incr_once([up, down], [(short, 0, 1)], 1)
+    wait_for(lambda: cache.get(short) is None, "the record to expire after 1 s", 60)
+    assert cache.get_many([first, second]) == {first: 1, second: 1}
+    cache.delete(down)
+    assert cache.incr_once([up, down], [(f"{{{key}}}:c", 0, 1)], 60) is None
+    assert cache.get_many([up, f"{{{key}}}:c"]) == {up: 2**62 + 6}
+
+
+def test_concurrent_incr_once_of_one_record_applies_once(cache: Cache, key: str) -> None:
+    if not isinstance(cache, Recording):
+        return
+    up, down = f"{{{key}}}:up", f"{{{key}}}:down"
+    cache.add(up, 0, None)
+    cache.add(down, 0, None)
+    applied: list[bool] = []
+
+    def work(_: int) -> None:
+        for n in range(50):
+            applied.extend(cache.incr_once([up, down], [(f"{{{key}}}:{n}", 0, 3)], 60)[1])  # type: ignore[index]
+
+    run_together(8, work)
+    assert sum(applied) == 50
+    assert cache.get(up) == 50 * 3
 
 
 @pytest.fixture(params=["one server", "hashed"])

@@ -7,7 +7,7 @@ restart); counters stay correct when it does, only slower or staler within their
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from shardkit._program import role
@@ -59,6 +59,25 @@ class Cache(Protocol):
 
     def close(self) -> None:
         """Release connections this cache opened (a live client is left alone)."""
+
+
+@role("recording")
+@runtime_checkable
+class Recording(Protocol):
+    """A cache that can record idempotency keys, each in one atomic step with the
+    increment it guards (Redis, Redis Cluster, the in-process cache; not memcached,
+    which has no atomic command over several keys)."""
+
+    def incr_once(
+        self, sums: Sequence[str], writes: Sequence[tuple[str, int, int]], ttl: float
+    ) -> tuple[list[int], list[bool]] | None:
+        """Apply ``writes``, each ``(record, index, delta)``: add ``delta`` to
+        ``sums[index]`` and set the key ``record`` for ``ttl`` seconds, unless ``record``
+        is present (set before, or by an earlier write of ``writes``: that write is left
+        out). One atomic step, taken only if every key of ``sums`` is present: None
+        otherwise, and nothing changed. Returns the values of ``sums`` after it, and
+        whether each write applied. Every key must live on one server (on a cluster, in
+        one hash slot)."""
 
 
 @runtime_checkable

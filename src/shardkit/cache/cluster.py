@@ -4,7 +4,8 @@ URL (``redis+cluster://host:port[,host:port…]``) or as a live client.
 A key lives on the primary that owns its hash slot. Keys that one command reads or
 changes together must share a slot: every key of one counter carries the counter's name
 as a hash tag (``Options.cache_key``), a buffered counter's generation its own tag, so
-that its stripes can be placed on different primaries (``owner``). Reads of many keys
+that its stripes can be placed on different primaries (``owner``), but for its keyed
+generation, whose sums share the counter's slot with the records of the keys. Reads of many keys
 are one ``MGET`` per slot (redis-py's ``mget_nonatomic``), ``incr_many`` one script per
 slot. MOVED and ASK redirections and a failover's new topology are followed by the
 client.
@@ -25,7 +26,7 @@ with no replica, no failover can bring an older value back (both in
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple, Protocol
@@ -33,9 +34,18 @@ from urllib.parse import unquote
 
 from shardkit import _urls
 from shardkit._program import Blocking, Clock, Program, call, role, rule
-from shardkit._redis import ADDS, INCR, INCR_MANY, Unreplicated, redis_module
+from shardkit._redis import ADDS, INCR, INCR_MANY, INCR_ONCE, Unreplicated, redis_module
 from shardkit._sync.pipes import NodePipes
-from shardkit.cache.redis import TIMEOUT, Client, Held, RedisCore, RedisRoles, _millis
+from shardkit.cache.redis import (
+    TIMEOUT,
+    Client,
+    Held,
+    RedisCore,
+    RedisRoles,
+    _millis,
+    once_reply,
+    once_words,
+)
 from shardkit.errors import BackendError, BackendUnavailable, ConfigurationError
 
 # How long an increment is retried while the cluster fails over (a replica is promoted
@@ -190,6 +200,16 @@ class ClusterCore(RedisCore):
     def bump(self, key: str, delta: int) -> Program[int]:
         """``RedisCore._bump``, sent once (see ``_followed``)."""
         return int((yield from self._followed(lambda: call(Client.incrby, key, delta), once=True)))
+
+    @rule
+    def incr_once(
+        self, sums: Sequence[str], writes: Sequence[tuple[str, int, int]], ttl: float
+    ) -> Program[tuple[list[int], list[bool]] | None]:
+        """``RedisCore.incr_once``, sent once to the primary of the keys' slot (see
+        ``_followed``)."""
+        script = partial(self._script, INCR_ONCE, *once_words(sums, writes, ttl))
+        reply = yield from self._followed(script, once=True)
+        return once_reply(self.url, reply, len(sums))
 
     @rule
     def incr(self, key: str, delta: int) -> Program[int | None]:

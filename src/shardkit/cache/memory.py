@@ -6,7 +6,7 @@ import heapq
 import math
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from shardkit._fork import reset_in_child
 
@@ -119,6 +119,31 @@ class MemoryCache:
             self._sweep(now)
             self._store(key, delta, math.inf)
             return delta
+
+    def incr_once(
+        self, sums: Sequence[str], writes: Sequence[tuple[str, int, int]], ttl: float
+    ) -> tuple[list[int], list[bool]] | None:
+        now = time.monotonic()
+        with self._lock:
+            entries = [self._live(key, now) for key in sums]
+            present = [entry for entry in entries if entry is not None]
+            if len(present) < len(entries):
+                return None
+            values = [value for value, _ in present]
+            recorded: dict[str, None] = {}
+            applied = []
+            for record, index, delta in writes:
+                fresh = record not in recorded and self._live(record, now) is None
+                if fresh:
+                    recorded[record] = None
+                    values[index] += delta
+                applied.append(fresh)
+            for key, value, (_, expires) in zip(sums, values, present, strict=True):
+                self._data[key] = (value, expires)  # its TTL, already in the heap
+            self._sweep(now)
+            for record in recorded:
+                self._store(record, 1, now + ttl)
+            return values, applied
 
     def delete(self, key: str) -> None:
         with self._lock:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 from shardkit import _urls
 from shardkit._fork import reset_in_child
 from shardkit._program import Blocking, Call, Program, Roles, call, role, rule
-from shardkit._redis import ADDS, INCR, INCR_MANY, Script, redis_module
+from shardkit._redis import ADDS, INCR, INCR_MANY, INCR_ONCE, Script, redis_module
 from shardkit._sync.sent_once import SentOnce
 from shardkit.cache.base import read_number
 from shardkit.errors import BackendError, BackendUnavailable, ConfigurationError
@@ -171,6 +171,15 @@ class RedisCore:
         return int((yield from self._command("incrementing", call(Client.incrby, key, delta))))
 
     @rule
+    def incr_once(
+        self, sums: Sequence[str], writes: Sequence[tuple[str, int, int]], ttl: float
+    ) -> Program[tuple[list[int], list[bool]] | None]:
+        """One script (``Recording.incr_once``), sent once."""
+        script = self._script(INCR_ONCE, *once_words(sums, writes, ttl))
+        reply = yield from self._command("incrementing", script)
+        return once_reply(self.url, reply, len(sums))
+
+    @rule
     def delete(self, key: str) -> Program[None]:
         yield from self._command("deleting", call(Client.delete, key))
 
@@ -205,6 +214,24 @@ TIMEOUT = 5
 def _millis(ttl: float | None) -> int:
     """A TTL in whole milliseconds, at least 1; 0 for none."""
     return 0 if ttl is None else max(1, math.ceil(ttl * 1000))
+
+
+def once_words(
+    sums: Sequence[str], writes: Sequence[tuple[str, int, int]], ttl: float
+) -> tuple[list[str], list[int]]:
+    """The keys and arguments of the script ``INCR_ONCE`` for ``Recording.incr_once``."""
+    args = [len(sums), _millis(ttl)]
+    for _, index, delta in writes:
+        args += [index + 1, delta]  # Lua counts from 1
+    return [*sums, *(record for record, _, _ in writes)], args
+
+
+def once_reply(url: str, reply: Any, count: int) -> tuple[list[int], list[bool]] | None:
+    """What ``Recording.incr_once`` returns, from the reply of the script ``INCR_ONCE``
+    over ``count`` sums."""
+    if reply is None:
+        return None
+    return [read_number(url, value) for value in reply[:count]], [bool(f) for f in reply[count:]]
 
 
 def _client(kind: Any, url: str, **options: Any) -> Any:
