@@ -117,13 +117,16 @@ class Roles:
     """The backends a core's programs run on: a frozen dataclass whose fields are named
     as the roles they play. Making one checks that each field's backend has the role's
     methods, so a backend that cannot play its role fails where the kit is built, not on
-    the one path that calls it."""
+    the one path that calls it. A field that is None plays no role: an ability the
+    backends lack, which the programs check for before they call it."""
 
     __slots__ = ()
 
     def __post_init__(self) -> None:
         for part in dataclasses.fields(self):  # type: ignore[arg-type]
-            _check(getattr(self, part.name), part.name)
+            backend = getattr(self, part.name)
+            if backend is not None:
+                _check(backend, part.name)
 
 
 def _check(backend: object, name: str) -> None:

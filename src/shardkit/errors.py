@@ -25,6 +25,12 @@ class InvalidDelta(ValidationError):
     or is larger than the counter kind takes in one call (see each kind's ``incr``)."""
 
 
+class KeysUnsupported(ValidationError):
+    """An idempotency key given where the backends cannot honour it: a buffered counter's
+    increment on memcached, which cannot record a key in one atomic step with the
+    increment it guards. Nothing was written."""
+
+
 class InvalidShardCount(ValidationError):
     """A shard count below 1 or above the kit's configured maximum."""
 

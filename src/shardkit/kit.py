@@ -22,9 +22,7 @@ from shardkit.counters import (
     ShardedCounter,
 )
 from shardkit.counters.base import log
-from shardkit.counters.buffered import (
-    scheduled_flush,
-)
+from shardkit.counters.generations import scheduled_flush
 from shardkit.errors import (
     ConfigurationError,
     StoreNotFound,

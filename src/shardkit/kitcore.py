@@ -15,8 +15,9 @@ from shardkit._program import Program, call, rule
 from shardkit.cache import Cache
 from shardkit.counters.adjuster import Adjusting
 from shardkit.counters.base import CounterCore, CounterRoles, Options, best_effort, log
-from shardkit.counters.buffered import BufferedCore, Parts, flush_counters, read_parts
+from shardkit.counters.buffered import BufferedCore
 from shardkit.counters.buffered import forget as forget_buffered
+from shardkit.counters.generations import Parts, flush_counters, read_parts
 from shardkit.counters.ids import IdCore
 from shardkit.counters.ids import forget as forget_ids
 from shardkit.counters.monotonic import MonotonicCore

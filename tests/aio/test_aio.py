@@ -20,7 +20,7 @@ import shardkit.aio
 import workers
 from backends import CACHE_URLS, CLUSTER, NEVER, PREFIX, STORE_URLS, Target, cache_url_of, require
 from received import increments_received, row_writes
-from shardkit.counters.buffered import scheduled_flush
+from shardkit.counters.generations import scheduled_flush
 from shardkit.errors import (
     ConfigurationError,
     CounterNotFound,

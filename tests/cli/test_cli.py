@@ -165,6 +165,19 @@ def redis_run(sqlite_url: str) -> object:
     return invoke
 
 
+def test_incr_with_a_key_applies_once_on_a_buffered_counter(  # type: ignore[no-untyped-def]
+    redis_run, name: str
+) -> None:
+    said = f"{name} +5 (pending until flushed)\n"
+    assert redis_run("incr", name, "--buffered", "--by", "5", "--key", "k1") == (0, said, "")
+    code, out, _ = redis_run("incr", name, "--by", "5", "--key", "k1", "--json")
+    assert (code, json.loads(out)["applied"]) == (0, False)
+    code, out, _ = redis_run("incr", name, "--by", "5", "--key", "k1")
+    assert (code, out) == (0, f"{name}: key 'k1' was applied already; nothing changed\n")
+    code, out, _ = redis_run("get", name, "--json")
+    assert (code, json.loads(out)["value"]) == (0, 5)
+
+
 def test_get_and_flush_show_a_buffered_counters_parts(  # type: ignore[no-untyped-def]
     redis_run, sqlite_url: str, name: str
 ) -> None:
@@ -198,7 +211,6 @@ def test_incr_buffered_is_flushed_when_the_command_exits(run, name: str) -> None
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("incr", "{name}", "--key", "k"), "--key is for sharded counters"),
         (("incr", "{name}", "--shards", "4"), "--shards is for sharded and monotonic counters"),
         (("grow", "{name}", "4"), "is a buffered counter, not sharded"),
     ],
@@ -286,6 +298,8 @@ def test_worker_flushes_in_the_foreground_until_interrupted(
 def test_a_monotonic_counter_from_the_command_line(run, name: str) -> None:  # type: ignore[no-untyped-def]
     assert run("incr", name, "--monotonic", "--by", "3") == (0, f"{name} = 3\n", "")
     assert run("incr", name) == (0, f"{name} = 4\n", "")
+    code, _, err = run("incr", name, "--key", "k")
+    assert (code, "--key is for sharded and buffered counters" in err) == (1, True)
     code, out, _ = run("get", name)
     assert code == 0
     assert out.startswith("4 (persisted ")  # the memory cache lives as long as the command

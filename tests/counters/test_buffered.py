@@ -20,8 +20,8 @@ from backends import (
     store_url_for,
     wait_for,
 )
-from shardkit.counters.buffered import Parts
-from shardkit.counters.buffered import _keys as buffered_keys
+from shardkit.counters.generations import Parts
+from shardkit.counters.generations import sum_keys as buffered_keys
 from shardkit.errors import CounterKindMismatch, InvalidDelta, ValidationError
 from shardkit.executor import LocalExecutor
 from shardkit.store.base import RETIRED

@@ -12,8 +12,8 @@ import sqlalchemy as sa
 
 import shardkit
 from backends import NEVER, PREFIX, Target, run_together
-from shardkit.counters.buffered import Parts
-from shardkit.counters.buffered import _keys as buffered_keys
+from shardkit.counters.generations import Parts
+from shardkit.counters.generations import sum_keys as buffered_keys
 from shardkit.errors import CounterNotFound, ValidationError
 from shardkit.store.sql import SqlStore
 

@@ -241,6 +241,11 @@ def test_roles_refuse_a_backend_that_cannot_play_its_role_when_made() -> None:
         Playing(Halfway())  # type: ignore[arg-type]
 
 
+def test_a_role_played_by_none_is_an_ability_the_backends_lack() -> None:
+    """A field that is None is not checked (its programs check before they call it)."""
+    assert Playing(None).backend is None  # type: ignore[arg-type]
+
+
 def test_only_the_methods_of_a_role_can_be_called() -> None:
     with pytest.raises(TypeError, match=r"Trace\.__init__ is not a method of a role"):
         call(Trace.__init__)

@@ -24,7 +24,7 @@ import redis
 import buffered_workers as bw
 import shardkit
 from backends import NEVER, PREFIX, store_url_for, wait_for
-from shardkit.counters.buffered import Parts
+from shardkit.counters.generations import Parts
 
 FORK = multiprocessing.get_context("fork")
 DEADLINE = 30.0  # seconds: a generous bound for anything a test waits for

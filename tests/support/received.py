@@ -16,7 +16,7 @@ from pymemcache.client.base import Client as MemcacheClient
 
 import shardkit
 from shardkit.cache.cluster import RedisClusterCache
-from shardkit.counters.buffered import _BASE as BASE
+from shardkit.counters.generations import BASE
 from shardkit.store.base import RETIRED
 
 

@@ -41,6 +41,7 @@ from shardkit.errors import (
     InvalidDelta,
     InvalidName,
     InvalidShardCount,
+    KeysUnsupported,
     ShardkitError,
     ValidationError,
 )
@@ -363,7 +364,7 @@ STRIPES = st.one_of(st.none(), numbers(1, 256))
     name=NAMES,
     intervals=some(INTERVALS),
     stripes=some(STRIPES),
-    ops=st.lists(st.tuples(st.sampled_from([1, -1]), DELTAS), min_size=1, max_size=8),
+    ops=st.lists(st.tuples(st.sampled_from([1, -1]), DELTAS, KEYS), min_size=1, max_size=8),
     flush=st.sampled_from(["flush", "flush_all", None]),
 )
 @pytest.mark.pairs
@@ -372,9 +373,12 @@ def test_buffered_counters(
     name: Any,
     intervals: list[Any],
     stripes: list[Any],
-    ops: list[tuple[int, Any]],
+    ops: list[tuple[int, Any, Any]],
     flush: Any,
 ) -> None:
+    """``ops`` are (1: ``incr`` or -1: ``decr``, delta, idempotency key); memcached
+    refuses every key."""
+
     def judge_interval(interval: object) -> Refused | None:
         return refused_number(interval, "interval", 0.001, DAYS_30)
 
@@ -395,13 +399,21 @@ def test_buffered_counters(
     )
     if counter is None:
         return
-    for sign, delta in ops:
+    unkeyed = Refused(KeysUnsupported, "cannot record an idempotency key")
+    memcached = big.cache.url.startswith("memcached://")
+    for sign, delta, key in ops:
         before = counter.value()
         write = counter.incr if sign == 1 else counter.decr
-        done, _ = outcome(
-            partial(write, delta), refused_delta(delta, -MAX_BUFFERED_DELTA, MAX_BUFFERED_DELTA)
+        done, applied = outcome(
+            partial(write, delta, key=key),
+            refused_delta(delta, -MAX_BUFFERED_DELTA, MAX_BUFFERED_DELTA),
+            None if key is None else refused_name(key, "idempotency key"),
+            unkeyed if key is not None and memcached else None,
         )
-        assert counter.value() == (before + sign * delta if done else before), (sign, delta)
+        if done and key is None:
+            assert applied, (sign, delta)  # only a key counted before makes it count nothing
+        counted = done and applied
+        assert counter.value() == (before + sign * delta if counted else before), (sign, delta)
     value = counter.value()
     if flush == "flush":
         counter.flush()

@@ -11,7 +11,8 @@ import pytest
 import shardkit
 from backends import NEVER, PREFIX
 from shardkit import _urls
-from shardkit.counters.buffered import _BASE, _FULL, MAX_DELTA, BufferedCounter
+from shardkit.counters.buffered import _FULL, MAX_DELTA, BufferedCounter
+from shardkit.counters.generations import BASE
 from shardkit.errors import ConfigurationError, CounterOverflow, FlushFailed, InvalidDelta
 from shardkit.store.base import Flushed
 
@@ -33,7 +34,7 @@ def test_a_buffered_delta_past_its_limit_is_refused_and_counts_nothing(
 
 
 def _writing(counter: BufferedCounter) -> tuple[int, tuple[str, str]]:
-    [writing] = counter._writing  # one stripe
+    writing, _ = counter._writing  # one stripe, and the keyed lane
     assert writing is not None
     return writing
 
@@ -49,7 +50,7 @@ def test_a_full_generation_hands_over_to_a_new_one(big: shardkit.Kit, name: str)
     counter.incr(MAX_DELTA)  # past 2**61: counted, and the generation is left
     assert _writing(counter)[0] != first
     counter.incr(7)
-    assert big.cache.get(up) == _BASE + _FULL + MAX_DELTA
+    assert big.cache.get(up) == BASE + _FULL + MAX_DELTA
     assert counter.value() == _FULL + MAX_DELTA + 7
     assert counter.flush() == _FULL + MAX_DELTA + 7
     assert counter.value() == _FULL + MAX_DELTA + 7

@@ -39,7 +39,8 @@ from shardkit.cache import open_kind
 from shardkit.cache.memcached import MemcachedCache
 from shardkit.cache.memory import MemoryCache
 from shardkit.counters.base import Settings
-from shardkit.counters.buffered import BufferedCore, scheduled_flush
+from shardkit.counters.buffered import BufferedCore
+from shardkit.counters.generations import scheduled_flush
 from shardkit.counters.ids import Guard, IdCore
 from shardkit.counters.monotonic import MonotonicCore
 from shardkit.counters.sharded import ShardedCore, ShardedRoles, Write, Writes
@@ -97,7 +98,8 @@ class AsyncBufferedCounter(BufferedCore, Awaiting):
     rows (a sync process's flush moves an async process's increments, and back).
 
     Its flushes are tasks of the kit's event loop (``LoopExecutor``). Concurrent
-    increments from coroutines share one cache command per side. A cancelled increment
+    increments from coroutines share one cache command per side (keyed ones, one of
+    their own). A cancelled increment
     counted or not, never half: cancelled while queued, it is not counted; once its
     command is sent, it is.
     """
@@ -107,7 +109,7 @@ class AsyncBufferedCounter(BufferedCore, Awaiting):
     async def flush(self) -> int:
         """``BufferedCounter.flush``, once the cache commands being sent have landed (a
         cancelled increment's included): it moves every increment sent before it."""
-        await asyncio.gather(*(side.settled() for side in self._sides))
+        await asyncio.gather(*(combiner.settled() for combiner in self._combining))
         return await arun(BufferedCore.flush.program(self), self.roles)
 
 

@@ -43,7 +43,11 @@ class ShardCount(click.ParamType):  # type: ignore[type-arg]  # generic from cli
 @main.command()
 @click.argument("name")
 @click.option("--by", "delta", type=int, default=1, show_default=True, help="Delta (may be < 0).")
-@click.option("--key", help="Idempotency key: a repeated call with the same key applies once.")
+@click.option(
+    "--key",
+    help="Idempotency key (sharded and buffered counters): a repeated call with the same "
+    "key applies once.",
+)
 @click.option(
     "--shards",
     type=ShardCount(),
@@ -76,23 +80,23 @@ def incr(
     if info is not None and asked is not None and info.kind != asked:
         raise shardkit.CounterKindMismatch(f"{name!r} is a {info.kind} counter, not {asked}")
     kind = info.kind if info else asked or "sharded"
-    if kind != "sharded" and key is not None:
-        raise shardkit.ValidationError("--key is for sharded counters")
+    if kind == "monotonic" and key is not None:
+        raise shardkit.ValidationError("--key is for sharded and buffered counters")
     result: dict[str, Any] = {"name": name, "kind": kind, "delta": delta, "applied": True}
     if kind == "buffered":
         if shards is not None:
             raise shardkit.ValidationError("--shards is for sharded and monotonic counters")
-        kit.buffered(name).incr(delta)
+        result["applied"] = kit.buffered(name).incr(delta, key=key)
         said = f"{name} {delta:+d} (pending until flushed)"
     elif kind == "monotonic":
         if shards == "auto":
             raise shardkit.ValidationError("--shards auto is for sharded counters")
         result["value"] = kit.monotonic(name, shards).incr(delta)
         said = f"{name} = {result['value']}"
-    elif kit.sharded(name, shards).incr(delta, key=key):
-        said = f"{name} {delta:+d}"
     else:
-        result["applied"] = False
+        result["applied"] = kit.sharded(name, shards).incr(delta, key=key)
+        said = f"{name} {delta:+d}"
+    if not result["applied"]:
         said = f"{name}: key {key!r} was applied already; nothing changed"
     if as_json:
         emit(result)

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from shardkit._failures import FailureLog
 from shardkit._program import Call, Program, Roles, call
 from shardkit._sync.adjuster import Adjuster
-from shardkit.cache.base import Cache, Placed
+from shardkit.cache.base import Cache, Placed, Recording
 from shardkit.counters.adjuster import Adjusting, Sending, sending
 from shardkit.errors import BackendError, CounterKindMismatch, CounterNotFound
 from shardkit.executor.base import Marks
@@ -60,6 +60,11 @@ class Options:
     @property
     def placement(self) -> Placed | None:
         """The cache, if its keys live on several servers (see ``Placed``)."""
+        return None
+
+    @property
+    def recording(self) -> Recording | None:
+        """The cache, if it can record idempotency keys (see ``Recording``)."""
         return None
 
     @property
@@ -116,6 +121,10 @@ class Settings(Options):
     @cached_property
     def placement(self) -> Placed | None:
         return self.cache if isinstance(self.cache, Placed) else None
+
+    @cached_property
+    def recording(self) -> Recording | None:
+        return self.cache if isinstance(self.cache, Recording) else None
 
     @cached_property
     def marks(self) -> Marks:

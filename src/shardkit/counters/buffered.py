@@ -12,7 +12,7 @@ leaves the sums in the cache for the next flush to apply. The counter's stored v
 the net of every generation's record; its pending part is what the cache holds beyond.
 
 A generation is a random 63-bit id, recorded in the store *before* its cache keys are
-created, holding its sums offset by ``_BASE``. An increment is one ``Cache.bump``; a
+created, holding its sums offset by ``BASE``. An increment is one ``Cache.bump``; a
 result below the offset means the cache had lost the key (and the bump re-created it
 near 0): the generation is dead, that increment did not count, and the writer moves to
 another generation. What was pending in the dead one is what is lost, and only that. A
@@ -39,21 +39,35 @@ does not count; the fold is ``Store.retire``'s compare-and-set on what is applie
 flush that advances the generation first makes it wait for a later flush, and a flush
 that comes after it finds the generation gone (what it read from the cache before the
 loss is lost with the cache, as the guarantees allow).
+
+An increment with an idempotency key goes to the counter's *keyed* generation (a
+negative id; one a counter, whatever its stripes), whose sums share a server with the
+records of the keys: the counter's own hash tag. A key's record is the counter
+incarnation's, whichever generation takes the increment, and lives ``key_retention``
+seconds. It is set in one atomic step with the increment (``Recording.incr_once``: one
+Lua script on Redis, the lock of the in-process cache), a step left out if the record
+is there and taken only if the generation's sums are (a dead generation takes
+neither), so a retry counts once, even after the writer moved to a new generation. A
+cache that loses a record loses the increment with it while that is pending; once a
+flush has moved the increment to the store, a retry after the loss counts it again.
+memcached has no atomic command over several keys: a keyed increment is refused there,
+before anything is written.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol, TypeVar
 
 from shardkit import metrics
 from shardkit._program import Blocking, Program, call, role, rule
 from shardkit._sync.combine import Combiner
-from shardkit.cache.base import Cache
+from shardkit.cache.base import Cache, Recording
 from shardkit.counters.base import (
     CounterCore,
     CounterRoles,
@@ -61,32 +75,28 @@ from shardkit.counters.base import (
     best_effort,
     incarnation_key,
 )
+from shardkit.counters.generations import (
+    BASE,
+    FLUSH,
+    Parts,
+    flush_counters,
+    read_parts,
+    sum_keys,
+)
 from shardkit.errors import (
     BackendError,
-    CounterOverflow,
     FlushFailed,
     InvalidDelta,
+    KeysUnsupported,
     ShardkitError,
 )
 from shardkit.executor.base import Executor
-from shardkit.store.base import RETIRED, CounterInfo, Deleted, Flushed, Store
-from shardkit.validation import (
-    INT64_MAX,
-    INT64_MIN,
-    check_delta,
-    check_interval,
-    check_name,
-    check_stripes,
-)
+from shardkit.store.base import CounterInfo, Deleted, Store
+from shardkit.validation import check_delta, check_interval, check_name, check_stripes
 
 # A writer that finds its generation dead adopts or starts another; a cache being wiped
 # again and again while it does so gives up after this many tries.
 _ATTEMPTS = 5
-# How many counters one flush reads from the cache in one round trip.
-_BATCH = 500
-# A generation's keys start here: a cache that lost one and re-created it on an increment
-# shows a value far below. Leaves 2**62 - 1 for each sum (memcached adds its own 2**63).
-_BASE = 2**62
 # A writer whose increment takes a sum past this starts a new generation (see above).
 _FULL = 2**61
 # A generation of a stripe is drawn until its keys land on the stripe's server: at most
@@ -97,46 +107,28 @@ MAX_DELTA = 2**40
 # The kinds of failure that an increment rides out (logged by the kit's FailureLog).
 _SCHEDULE = metrics.action("scheduling a flush")
 _MOVE = metrics.action("starting a generation")
-FLUSH = metrics.action("flush")  # the background task, bound by the kits
-
-
-# A read of buffered counters: the store's records of each one's generations, the cache
-# keys of their sums by (name, generation), and the values the cache holds under them.
-_Readings = tuple[
-    dict[str, dict[int, Flushed]], dict[tuple[str, int], tuple[str, str]], dict[str, int]
-]
-
-
-class Parts(NamedTuple):
-    """A buffered counter's value: what the store holds, and what waits in the cache."""
-
-    stored: int
-    """What the store holds: every flushed increment."""
-    pending: int
-    """What waits in the cache for the next flush."""
-
-    @property
-    def total(self) -> int:
-        """The counter's value: stored and pending together."""
-        return self.stored + self.pending
+R = TypeVar("R")
 
 
 @role("bumps")
 class Bumps(Protocol):
-    """The role that adds to a generation's sums: a combiner per side, so that
-    concurrent increments (side 0) or decrements (1) share one cache command."""
+    """The role that adds to a counter's sums: a combiner per side, so that concurrent
+    increments (side 0) or decrements (1) share one cache command, and one for those
+    with an idempotency ``key``, which share one too. Returns whether it counted."""
 
-    def __call__(self, side: int, amount: int, /) -> None: ...
+    def __call__(self, side: int, amount: int, key: str | None, /) -> bool: ...
 
 
 class Sides:
-    """Plays ``Bumps`` with one combiner (thread or coroutine) per side."""
+    """Plays ``Bumps`` with one combiner (thread or coroutine) per side, and one
+    (``keyed``) for keyed increments of either side."""
 
-    def __init__(self, up: Any, down: Any) -> None:
+    def __init__(self, up: Any, down: Any, keyed: Any) -> None:
         self.sides = (up, down)
+        self.keyed = keyed
 
-    def __call__(self, side: int, amount: int) -> Any:
-        return self.sides[side](amount)
+    def __call__(self, side: int, amount: int, key: str | None) -> Any:
+        return self.sides[side](amount) if key is None else self.keyed((side, amount, key))
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +138,8 @@ class BufferedRoles(CounterRoles):
     executor: Executor
     """Runs the scheduled flushes."""
     bumps: Bumps
+    recording: Recording | None
+    """The cache, if it can record idempotency keys (else keyed increments are refused)."""
 
 
 class BufferedCore(CounterCore):
@@ -156,8 +150,8 @@ class BufferedCore(CounterCore):
     """The counter's kind."""
     roles: BufferedRoles
 
-    # The form's: what combines concurrent bumps of a side, and what runs a program.
-    _combiner: Callable[[Callable[[Sequence[int]], Any]], Any]
+    # The form's: what combines concurrent bumps, and what runs a program.
+    _combiner: Callable[[Callable[[Sequence[Any]], Any]], Any]
     _carry_out: Callable[[Program[Any]], Any]
 
     def __init__(
@@ -173,14 +167,16 @@ class BufferedCore(CounterCore):
         """Seconds between flushes (at most one is scheduled per interval)."""
         self.stripes = check_stripes(stripes)
         """Generations taking increments at once (on a Redis Cluster: one per primary)."""
-        self._sides = [self._combiner(self._bumping(side)) for side in (0, 1)]
-        roles = options.roles
+        self._combining = [self._combiner(self._bumping(side)) for side in (0, 1)]
+        self._combining.append(self._combiner(self._recording))
+        roles, sides = options.roles, Sides(*self._combining)
         self.roles = BufferedRoles(
-            roles.store, roles.cache, roles.adjuster, executor, Sides(*self._sides)
+            roles.store, roles.cache, roles.adjuster, executor, sides, options.recording
         )
-        # Each stripe has a generation of its own, which the cache points at.
+        # Each stripe has a generation of its own, and so do keyed increments (the lane
+        # after the stripes), which the cache points at.
         self._pointer_keys = pointer_keys(options, info, self.stripes)
-        self._writing: list[tuple[int, tuple[str, str]] | None] = [None] * self.stripes
+        self._writing: list[tuple[int, tuple[str, str]] | None] = [None] * (self.stripes + 1)
         # Generations this object started, with the process that started each: a forked
         # child's copy must never retire its parent's live generation.
         self._started: list[tuple[int, int]] = []  # (pid, generation)
@@ -193,98 +189,156 @@ class BufferedCore(CounterCore):
         )
 
     def _keys(self, generation: int) -> tuple[str, str]:
-        return _keys(self._options, self.name, generation)
+        return sum_keys(self._options, self.name, generation)
 
     # -- writes ------------------------------------------------------------------------
 
     @rule
-    def incr(self, delta: int = 1) -> Program[None]:
+    def incr(self, delta: int = 1, *, key: str | None = None) -> Program[bool]:
         """Add ``delta``, an int within ±``MAX_DELTA`` (2**40; a larger one raises
         ``InvalidDelta`` and counts nothing); one cache round trip, which concurrent
         increments from other threads (or coroutines) of the process share (it returns
         once the cache has taken it), plus one per interval per process to schedule the
         flush (and one when the generation fills).
 
-        A call that raises ``BackendError`` may or may not have counted.
+        Returns True, or False where the idempotency ``key`` was counted already (then
+        nothing is counted): its record is kept with the increment, in the cache, for
+        ``key_retention`` seconds. A key on a cache that cannot record it in one atomic
+        step with the increment (memcached) raises ``KeysUnsupported``, before anything
+        is written.
+
+        A call that raises ``BackendError`` may or may not have counted: retry it with
+        the same ``key`` to make the retry safe.
         """
         delta = check_delta(delta)
         if abs(delta) > MAX_DELTA:
             raise InvalidDelta(f"delta {delta} is outside ±2**40, a buffered counter's limit")
-        return metrics.timed(self.kind, self._add(delta))
+        if key is not None:
+            check_name(key, "idempotency key")
+            if self.roles.recording is None:
+                raise KeysUnsupported(
+                    f"the cache {self.roles.cache.url} cannot record an idempotency key in "
+                    "one atomic step with the increment it guards: keyed increments of a "
+                    "buffered counter need Redis, Redis Cluster or memory://"
+                )
+        return metrics.timed(self.kind, self._add(delta, key))
 
-    def _add(self, delta: int) -> Program[None]:
-        if delta:
-            yield from call(Bumps.__call__, int(delta < 0), abs(delta))
+    def _add(self, delta: int, key: str | None) -> Program[bool]:
+        if not delta and key is None:
+            return True
+        counted = yield from call(Bumps.__call__, int(delta < 0), abs(delta), key)
+        if counted:
             yield from self._schedule()
+        return counted
 
     @rule
-    def decr(self, delta: int = 1) -> Program[None]:
+    def decr(self, delta: int = 1, *, key: str | None = None) -> Program[bool]:
         """Subtract ``delta``; the same contract as ``incr``."""
-        return BufferedCore.incr.program(self, -check_delta(delta))
+        return BufferedCore.incr.program(self, -check_delta(delta), key=key)
 
     def _bumping(self, side: int) -> Callable[[Sequence[int]], Any]:
         return lambda amounts: self._carry_out(self._bump(side, amounts))
 
-    def _bump(self, side: int, amounts: Sequence[int]) -> Program[list[None]]:
+    def _bump(self, side: int, amounts: Sequence[int]) -> Program[list[bool]]:
         """Add a batch of increments (``side`` 0) or decrements (1) to the sum of the
         generation of a stripe drawn at random, in one cache command."""
         metrics.meter.combined(self.kind, len(amounts))
+        amount = sum(amounts)
+
+        def bump(keys: tuple[str, str]) -> Program[tuple[int, None] | None]:
+            total = (yield from call(Cache.bump, keys[side], amount)) - BASE
+            return (total, None) if total >= amount else None
+
+        yield from self._write(random.randrange(self.stripes) if self.stripes > 1 else 0, bump)
+        return [True] * len(amounts)
+
+    def _recording(self, writes: Sequence[tuple[int, int, str]]) -> Any:
+        return self._carry_out(self._record(writes))
+
+    def _record(self, writes: Sequence[tuple[int, int, str]]) -> Program[list[bool]]:
+        """Add a batch of keyed increments, each ``(side, amount, key)``, to the sums of
+        the counter's keyed generation, with the records of their keys, in one atomic
+        cache command; one whose key has a record already is left out (False)."""
+        metrics.meter.combined(self.kind, len(writes))
+
+        def bump(keys: tuple[str, str]) -> Program[tuple[int, list[bool]] | None]:
+            guarded = [(self._record_key(key), side, amount) for side, amount, key in writes]
+            ttl = self._options.key_retention
+            done = yield from call(Recording.incr_once, keys, guarded, ttl)
+            return None if done is None else (max(done[0]) - BASE, done[1])
+
+        return (yield from self._write(self.stripes, bump))
+
+    def _record_key(self, key: str) -> str:
+        """The cache key of the record of idempotency key ``key``: one for the counter's
+        incarnation, whichever generation takes the increment (named by a digest: any
+        key, one length)."""
+        digest = hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
+        return incarnation_key(self._options, self.info, f"buffered:key:{digest}")
+
+    def _write(
+        self, lane: int, bump: Callable[[tuple[str, str]], Program[tuple[int, R] | None]]
+    ) -> Program[R]:
+        """``bump`` the sums of the generation of ``lane`` (a stripe, or the keyed lane
+        after them), which returns the highest sum after it and its result, or None if
+        the generation is dead: then the lane moves to another, bumped in turn."""
         if self._look_due(self._options.cache_ttl):
             yield from self._follow()
-        amount = sum(amounts)
-        stripe = random.randrange(self.stripes) if self.stripes > 1 else 0
-        writing = self._writing[stripe]
+        writing = self._writing[lane]
         for _ in range(_ATTEMPTS):
             if writing is None:
-                writing = yield from self._adopt(stripe, dead=None)
-            total = (yield from call(Cache.bump, writing[1][side], amount)) - _BASE
-            if total >= amount:
-                if total > _FULL:  # counted; the next increments go to a new generation
-                    moving = self._adopt(stripe, writing[0])
+                writing = yield from self._adopt(lane, dead=None)
+            bumped = yield from bump(writing[1])
+            if bumped is not None:
+                if bumped[0] > _FULL:  # counted; the next increments go to a new generation
+                    moving = self._adopt(lane, writing[0])
                     yield from best_effort(self._options, _MOVE, moving)
-                return [None] * len(amounts)
-            writing = yield from self._adopt(stripe, dead=writing[0])
+                return bumped[1]
+            writing = yield from self._adopt(lane, dead=writing[0])
         raise BackendError(f"the cache kept losing counter {self.name!r}'s keys")
 
-    def _adopt(self, stripe: int, dead: int | None) -> Program[tuple[int, tuple[str, str]]]:
-        """The generation of ``stripe`` to write to (and its keys), now that ``dead`` (if
+    def _adopt(self, lane: int, dead: int | None) -> Program[tuple[int, tuple[str, str]]]:
+        """The generation of ``lane`` to write to (and its keys), now that ``dead`` (if
         any) has lost its keys: the one the cache points at, unless that is ``dead`` or
         absent; then a new one."""
-        pointer = yield from call(Cache.get, self._pointer_keys[stripe])
+        pointer = yield from call(Cache.get, self._pointer_keys[lane])
         if pointer is None or pointer == dead:
             # A generation that died, or a look that is due: the counter may have been
             # deleted or reset (its keys went with it).
             looks = dead is not None or self._look_due(self._options.cache_ttl)
             if looks and (yield from self._follow()):
-                return (yield from self._adopt(stripe, dead=None))
-            pointer = yield from self._start_generation(stripe, replacing=pointer)
-        writing = self._writing[stripe] = (pointer, self._keys(pointer))
+                return (yield from self._adopt(lane, dead=None))
+            pointer = yield from self._start_generation(lane, replacing=pointer)
+        writing = self._writing[lane] = (pointer, self._keys(pointer))
         return writing
 
-    def _new_generation(self, stripe: int) -> int:
-        """A random generation id; where the cache's keys live on several servers, one
-        whose keys are on the server of ``stripe`` (the stripes take turns over them)."""
+    def _new_generation(self, lane: int) -> int:
+        """A random generation id: for the keyed lane, a negative one (its keys share
+        the counter's hash tag); for a stripe, where the cache's keys live on several
+        servers, one whose keys are on the stripe's server (they take turns over them)."""
         generation = random.randrange(1, 2**63)
         placement = self._options.placement
+        if lane == self.stripes:
+            return -generation
         if placement is None or self.stripes == 1:
             return generation
         owners = placement.owners()
-        target = owners[stripe % len(owners)]
+        target = owners[lane % len(owners)]
         for _ in range(_PLACING):
             if placement.owner(self._keys(generation)[0]) == target:
                 break
             generation = random.randrange(1, 2**63)
         return generation
 
-    def _start_generation(self, stripe: int, replacing: int | None) -> Program[int]:
-        generation = self._new_generation(stripe)
-        pointer_key = self._pointer_keys[stripe]
+    def _start_generation(self, lane: int, replacing: int | None) -> Program[int]:
+        generation = self._new_generation(lane)
+        pointer_key = self._pointer_keys[lane]
         # Recorded first: a flush only reads generations the store knows, so the keys
         # must not take increments before the record exists.
         yield from call(Store.add_generation, self.name, generation)
         keys = self._keys(generation)
         for key in keys:
-            yield from call(Cache.add, key, _BASE, None)
+            yield from call(Cache.add, key, BASE, None)
         if replacing is not None:
             yield from call(Cache.delete, pointer_key)
         if (yield from call(Cache.add, pointer_key, generation, None)):
@@ -310,7 +364,7 @@ class BufferedCore(CounterCore):
 
     def _moved(self) -> None:
         self._pointer_keys = pointer_keys(self._options, self.info, self.stripes)
-        self._writing = [None] * self.stripes
+        self._writing = [None] * (self.stripes + 1)
 
     def _schedule(self) -> Program[None]:
         """Submit this interval's flush, once per process (and, through the executor's
@@ -377,7 +431,7 @@ class BufferedCore(CounterCore):
             for key in self._keys(generation):
                 yield from call(Cache.delete, key)
         self._started.clear()
-        self._writing = [None] * self.stripes
+        self._writing = [None] * (self.stripes + 1)
 
     # -- reads -------------------------------------------------------------------------
 
@@ -406,6 +460,10 @@ class BufferedCounter(BufferedCore, Blocking):
       killed at any point — never loses or doubles a count (see the module docstring).
     * Only a cache that loses data loses increments: those made since the last flush of
       the generation it lost, at most. Nothing already flushed is ever lost.
+    * A retried increment with the same idempotency ``key`` counts once while the cache
+      keeps the key's record (``key_retention`` seconds): the record is written in one
+      atomic step with the increment, on its server. One that raised without a key may
+      or may not have counted.
     * ``value()`` is exact at the moment it reads: stored plus pending.
 
     Thread-safe; usable in a forked child.
@@ -416,182 +474,19 @@ class BufferedCounter(BufferedCore, Blocking):
 
 def pointer_keys(options: Options, info: CounterInfo, stripes: int) -> list[str]:
     """The keys that point each of ``stripes`` stripes of a buffered counter's
-    incarnation ``info`` at the generation it writes to."""
-    return [
-        incarnation_key(options, info, "buffered:generation" + (f":{s}" if s else ""))
-        for s in range(stripes)
-    ]
+    incarnation ``info``, then its keyed increments, at the generation each writes to."""
+    parts = ["buffered:generation" + (f":{s}" if s else "") for s in range(stripes)]
+    return [incarnation_key(options, info, part) for part in [*parts, "buffered:keyed"]]
 
 
 def forget(options: Options, deleted: Deleted, stripes: int) -> Program[None]:
     """Remove the cache keys of the deleted buffered counter ``deleted``: its
     generations' sums (what was pending in them is gone with it; a writer still holding
-    the counter finds them dead) and the pointers of its first ``stripes`` stripes."""
+    the counter finds them dead) and the pointers of its first ``stripes`` stripes and of
+    its keyed increments. The records of its idempotency keys are left to expire."""
     info = deleted.info
     for key in pointer_keys(options, info, stripes):
         yield from call(Cache.delete, key)
     for generation in deleted.generations:
-        for key in _keys(options, info.name, generation):
+        for key in sum_keys(options, info.name, generation):
             yield from call(Cache.delete, key)
-
-
-def _keys(options: Options, name: str, generation: int) -> tuple[str, str]:
-    """A generation's two sums, on one server (the generation is their hash tag)."""
-    return (
-        options.cache_key(name, f"buffered:{generation}:up", tag=str(generation)),
-        options.cache_key(name, f"buffered:{generation}:down", tag=str(generation)),
-    )
-
-
-def _reading(applied: Flushed, keys: tuple[str, str], live: dict[str, int]) -> Flushed:
-    """A generation's sums as read from the cache, never below what the store applied
-    (an absent or re-created key — a dead generation — reads as what was applied)."""
-    up, down = (live.get(key, 0) - _BASE for key in keys)
-    return Flushed(max(applied.up, up), max(applied.down, down))
-
-
-def _generations_and_sums(
-    options: Options, names: list[str]
-) -> Program[
-    tuple[dict[str, dict[int, Flushed]], dict[tuple[str, int], tuple[str, str]], dict[str, int]]
-]:
-    """What the store has applied of each generation of the buffered counters ``names``,
-    the cache keys of their sums, and what the cache holds under them: one store read,
-    then one cache read, in that order (a flush between the two is never counted
-    twice)."""
-    recorded = yield from call(Store.generations, names)
-    keys = {
-        (name, generation): _keys(options, name, generation)
-        for name, generations in recorded.items()
-        for generation in generations
-        if generation != RETIRED
-    }
-    live = yield from call(Cache.get_many, [key for pair in keys.values() for key in pair])
-    return recorded, keys, live
-
-
-def read_parts(options: Options, names: Iterable[str]) -> Program[dict[str, Parts]]:
-    """The stored and pending parts of the buffered counters ``names`` (unknown names
-    read 0): one store read, then one cache read, in that order, so a flush between the
-    two is never counted twice."""
-    wanted = list(dict.fromkeys(names))
-    recorded, keys, live = yield from _generations_and_sums(options, wanted)
-    parts = dict.fromkeys(wanted, Parts(0, 0))
-    for name, generations in recorded.items():
-        stored = pending = 0
-        for generation, applied in generations.items():
-            stored += applied.net
-            if (name, generation) in keys:
-                pending += _reading(applied, keys[name, generation], live).net - applied.net
-        parts[name] = Parts(stored, pending)
-    return parts
-
-
-def scheduled_flush(options: Options, args: Mapping[str, Any]) -> Program[dict[str, int]]:
-    """The executor's ``flush`` task: flush the counter ``args["name"]``, and report the
-    flush's lag: from ``args["since"]``, the start of the interval whose first increment
-    scheduled it (its oldest increment, unless an earlier flush failed), to now, by the
-    counter's ``args["interval"]``."""
-    moved = yield from flush_counters(options, [check_name(args["name"])])
-    since, interval = args.get("since"), args.get("interval")
-    if moved and isinstance(since, int | float) and isinstance(interval, int | float):
-        metrics.meter.flush_lag(interval, time.time() - since)
-    return moved
-
-
-def flush_counters(options: Options, names: Iterable[str]) -> Program[dict[str, int]]:
-    """Flush the buffered counters ``names``: for each generation, advance the store's
-    record to the cache's sums. Returns the amount moved per counter that moved.
-
-    Every counter that can be flushed is: when some cannot (``CounterOverflow``, a
-    backend error), ``FlushFailed`` is raised after the others, naming each with its
-    error and carrying what the others moved. A failed counter's sums stay in the cache.
-
-    Idempotent and safe to run concurrently: each advance is a compare-and-set that is
-    retried against the newer record when another flush got there first.
-    """
-    moved: dict[str, int] = {}
-    failed: dict[str, ShardkitError] = {}
-    wanted = list(dict.fromkeys(names))
-    for start in range(0, len(wanted), _BATCH):
-        batch = wanted[start : start + _BATCH]
-        try:
-            recorded, _, live = yield from _generations_and_sums(options, batch)
-        except ShardkitError as exc:
-            failed.update(dict.fromkeys(batch, exc))
-            for _ in batch:
-                metrics.meter.flushed("failed")
-            continue
-        for name, generations in recorded.items():
-            try:
-                yield from _flush_one(options, name, generations, live, moved)
-            except ShardkitError as exc:
-                failed[name] = exc
-            metrics.meter.flushed(
-                "failed" if name in failed else "moved" if moved.get(name) else "idle"
-            )
-    if failed:
-        raise FlushFailed(failed, moved)
-    return moved
-
-
-def _flush_one(
-    options: Options,
-    name: str,
-    generations: dict[int, Flushed],
-    live: dict[str, int],
-    moved: dict[str, int],
-) -> Program[None]:
-    """Advance the records of counter ``name``'s ``generations`` to the ``live`` sums,
-    adding what moved to ``moved[name]``; refuse (``CounterOverflow``) an advance that
-    would take its stored value outside signed 64-bit. Then, with a shared cache, fold
-    its dead generations that are old enough (see the module docstring)."""
-    stored = sum(applied.net for applied in generations.values())
-    dead: list[int] = []
-    readings = [
-        (generation, recorded, _reading(recorded, _keys(options, name, generation), live))
-        for generation, recorded in generations.items()
-        if generation != RETIRED
-    ]
-    # Generations (a counter's stripes) that move the value towards 0 first: an advance
-    # is refused only if the value itself would leave signed 64-bit, not on the way.
-    readings.sort(key=lambda r: (r[2].net - r[1].net) * (1 if stored >= 0 else -1))
-    for generation, recorded, reading in readings:
-        if all(live.get(key, 0) < _BASE for key in _keys(options, name, generation)):
-            dead.append(generation)
-        applied: Flushed | None = recorded
-        while applied is not None and reading != applied:
-            if not INT64_MIN <= stored + reading.net - applied.net <= INT64_MAX:
-                raise CounterOverflow(
-                    f"flushing counter {name!r} would take its stored value outside signed "
-                    "64-bit; its pending increments stay in the cache"
-                )
-            if (yield from call(Store.advance, name, generation, applied, reading)):
-                stored += reading.net - applied.net
-                moved[name] = moved.get(name, 0) + reading.net - applied.net
-                break
-            # Another flush advanced the record (go on from what it applied), or folded
-            # the generation (its keys were gone: nothing is left to apply).
-            metrics.meter.lost_race()
-            newer_records = yield from call(Store.generations, [name])
-            newer = newer_records.get(name, {}).get(generation)
-            if newer is not None:
-                stored += newer.net - applied.net
-                reading = Flushed(max(newer.up, reading.up), max(newer.down, reading.down))
-            applied = newer
-    if dead and options.shared_cache:
-        yield from _fold(options, name, dead, generations)
-
-
-def _fold(
-    options: Options, name: str, dead: list[int], recorded: dict[int, Flushed]
-) -> Program[None]:
-    """Fold the generations ``dead`` of counter ``name`` (both keys read below the offset)
-    that were recorded ``fold_after`` seconds ago or earlier into ``RETIRED`` (see the
-    module docstring). A generation a flush has advanced since ``recorded`` is left for a
-    later flush."""
-    before = time.time() - options.fold_after
-    recorded_at = yield from call(Store.recorded_at, name, dead)
-    for generation, at in recorded_at.items():
-        if at <= before:
-            yield from call(Store.retire, name, generation, recorded[generation])
