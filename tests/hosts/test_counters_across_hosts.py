@@ -120,14 +120,21 @@ def test_acknowledged_sharded_increments_count_once_across_partitions(
         # The held write's retry found its key applied.
         assert any(call.value < 0 for call in deployment.calls(victim))
     deployment.stop_writers()
-    threads = calls(tmp_path)
-    for thread, made in threads.items():  # each of its keys acknowledged once, in turn
+    keys, repeated = _keys_acknowledged(tmp_path)
+    with shardkit.connect(deployment.store_url, deployment.cache_url, prefix=PREFIX) as kit:
+        assert kit.sharded(name).value(fresh=True) == keys
+    print(f"keys {keys}, failures {failures(tmp_path)}, retries found applied {repeated}")
+
+
+def _keys_acknowledged(directory: Path) -> tuple[int, int]:
+    """How many keys the writers recording in ``directory`` had acknowledged, each
+    once, in turn (checked), and how many of them a retry found applied already."""
+    threads = calls(directory)
+    for thread, made in threads.items():
         assert [abs(call.value) for call in made] == list(range(1, len(made) + 1)), thread
     keys = {f"{thread}-{abs(call.value)}" for thread, made in threads.items() for call in made}
     repeated = sum(call.value < 0 for made in threads.values() for call in made)
-    with shardkit.connect(deployment.store_url, deployment.cache_url, prefix=PREFIX) as kit:
-        assert kit.sharded(name).value(fresh=True) == len(keys)
-    print(f"keys {len(keys)}, failures {failures(tmp_path)}, retries found applied {repeated}")
+    return len(keys), repeated
 
 
 def _taking_ids(deployment: Deployment, directory: Path) -> tuple[str, Host]:
@@ -246,8 +253,9 @@ def test_buffered_counts_lose_at_most_the_dead_hosts_pending_and_double_nothing(
         print(f"acked {acked}, counted {total}, exposed {exposed}, failed {failed}")
 
 
+@pytest.mark.parametrize("kind", ["buffered", "buffered-keyed"])
 def test_buffered_increments_that_raised_are_the_only_doubt_across_a_cut_off_store_host(
-    deployment: Deployment, tmp_path: Path
+    deployment: Deployment, tmp_path: Path, kind: str
 ) -> None:
     """Writers on every host; the store's host is cut off with its writers. Its writers'
     increments fail (the cache is out of their reach) with ``BackendUnavailable``, none
@@ -255,12 +263,14 @@ def test_buffered_increments_that_raised_are_the_only_doubt_across_a_cut_off_sto
     flight at the cut may have reached the cache). The other hosts' increments go into
     the cache until their periodic look at the store (``cache_ttl``) waits for it, and
     may fail then, having counted nothing; their flushes fail until the store is back.
-    The cache loses nothing, so the count lies within [acknowledged, acknowledged +
-    failed], each side counted exactly, and a flush then moves all of it into the
-    store."""
+    The cache loses nothing. Without keys, the count lies within [acknowledged,
+    acknowledged + failed], each side counted exactly: exact or within that stated
+    doubt. With keys (``buffered-keyed``: each writer retries a failed increment with
+    its key until it is acknowledged), it is exact: the number of keys. Either way a
+    flush then moves all of it into the store."""
     name = f"test:hosts:buffered:{uuid.uuid4().hex}"
     victim = deployment.hosts[0]
-    deployment.writers("buffered", name, tmp_path, THREADS, on=list(deployment.hosts))
+    deployment.writers(kind, name, tmp_path, THREADS, on=list(deployment.hosts))
     for host in deployment.hosts:
         deployment.goes_on(host, PROGRESS)
     cut = deployment.cut_off(victim, PARTITION, 0)
@@ -276,7 +286,10 @@ def test_buffered_increments_that_raised_are_the_only_doubt_across_a_cut_off_sto
     with shardkit.connect(deployment.store_url, deployment.cache_url, prefix=PREFIX) as kit:
         counter = kit.buffered(name)
         total = counter.value()
-        assert acked <= total <= acked + raised
+        if kind == "buffered-keyed":
+            assert total == _keys_acknowledged(tmp_path)[0] == acked
+        else:
+            assert acked <= total <= acked + raised
         counter.flush()
         assert counter.parts() == (total, 0)
     print(f"acked {acked}, raised {raised} ({failed} on the cut-off host), counted {total}")

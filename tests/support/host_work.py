@@ -26,6 +26,8 @@ the machine, whatever its network namespace):
   (``value()``) over and over;
 * ``buffered``: ``incr(1)`` (the record: 1; a failed one is not recorded, though it
   may have counted);
+* ``buffered-keyed``: as ``sharded`` (keys, retried until acknowledged), on a buffered
+  counter, without the reader;
 * ``ids``: ``next()`` (the record: the id).
 
 Failures are counted in ``DIRECTORY/<pid>-<thread>.failures`` (one byte each). With
@@ -136,6 +138,10 @@ def add_ten(batch: Any) -> None:
             time.sleep(0.05)
 
 
+# The kinds whose writes carry keys, retried until acknowledged.
+KEYED = ("sharded", "buffered-keyed")
+
+
 def _writer(kit: shardkit.Kit, kind: str, name: str, thread: int) -> Callable[[int], int]:
     """Thread ``thread``'s write of the counter ``name``: its sequence number in, the
     value to record out."""
@@ -145,7 +151,7 @@ def _writer(kit: shardkit.Kit, kind: str, name: str, thread: int) -> Callable[[i
     counter: Any = kit.sharded(name, shards=8) if kind == "sharded" else kit.buffered(name)
 
     def write(sequence: int) -> int:
-        if kind == "sharded":  # False when a retry finds it applied: counted once all the same
+        if kind in KEYED:  # False when a retry finds it applied: counted once all the same
             applied = counter.incr(1, key=f"{os.getpid()}-{thread}-{sequence}")
             return sequence if applied else -sequence
         counter.incr(1)
@@ -178,7 +184,7 @@ def main(
         start_http_server(int(port), address, registry(None))
     running = [
         threading.Thread(
-            target=_thread, args=(_writer(kit, kind, name, n), directory, n, kind == "sharded")
+            target=_thread, args=(_writer(kit, kind, name, n), directory, n, kind in KEYED)
         )
         for n in range(int(threads))
     ]
