@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import pytest
+import redis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
@@ -100,8 +101,17 @@ def test_a_primary_killed_under_load_loses_only_pending_and_repeats_no_id(
     assert counted[0] == done["sharded"]  # the store is the truth: exact
     assert counted[1].pending == 0
     lost = done["buffered"] - counted[1].stored
-    # Never doubled; lost at most what was pending on the primary that died.
-    assert 0 <= lost <= exposed
+    # Lost at most what was pending on the primary that died. Never doubled: what counts
+    # beyond the calls that returned is calls that raised though their increment was
+    # applied, its reply never coming: those in flight when the primary died (its replica
+    # may have had it), or any that a live node left unanswered past the client's
+    # timeout. A call that found no connection sent nothing.
+    in_doubt = 0
+    for slot in range(1, len(writers.calls), 3):  # the buffered writers'
+        failed = [began for began, ok in writers.calls[slot] if not ok]
+        for began, exc in zip(failed, writers.errors[slot], strict=True):
+            in_doubt += began < killed_at or isinstance(exc.__cause__, redis.TimeoutError)
+    assert -in_doubt <= lost <= exposed
     assert len(set(taken)) == len(taken) == done["ids"]  # no id handed out twice
     raised = writers.raised()
     assert all(isinstance(exc, BackendError) for exc in raised)
@@ -109,7 +119,7 @@ def test_a_primary_killed_under_load_loses_only_pending_and_repeats_no_id(
         print(
             f"\nfailover: replica promoted {promoted:.1f} s after the kill; {len(raised)} "
             f"calls raised meanwhile; buffered lost {lost} of {exposed} pending on the "
-            "killed primary at most; "
+            f"killed primary at most ({in_doubt} raised in doubt); "
             f"{len(taken)} ids, none twice; sharded exact ({counted[0]})"
         )
 
