@@ -1,6 +1,7 @@
 """Redis Cluster: one hot buffered counter spread over every primary by its stripes, and
 a primary SIGKILLed under load (its replica promoted): sharded counts exact, buffered
-counts losing at most what was pending, ids never handed out twice.
+counts losing at most what was pending, ids never handed out twice. Primaries gone
+silent (SIGSTOP): a command to one is tried once; a node that sees too few is down.
 
 The guarantee suites themselves (cache conformance, every counter kind, the executor's
 marks, processes sharing the cache) run on the session's cluster through the
@@ -18,9 +19,9 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 import shardkit
-from backends import NEVER, PREFIX, free_port, store_url_for
+from backends import NEVER, PREFIX, free_port, store_url_for, wait_for
 from received import pending_on
-from servers import ClusterNode, Cutter, RedisClusterServers, Writers, running
+from servers import DEADLINE, ClusterNode, Cutter, RedisClusterServers, Writers, running
 from shardkit.aio.cluster import AsyncRedisClusterCache
 from shardkit.cache import open_cache
 from shardkit.cache.cluster import RedisClusterCache
@@ -29,14 +30,19 @@ from shardkit.errors import BackendError, BackendUnavailable
 pytestmark = pytest.mark.slow
 
 
-def incrbys(nodes: list[ClusterNode]) -> dict[int, int]:
-    """``INCRBY`` commands each node has run, from ``INFO commandstats``."""
+def calls(nodes: list[ClusterNode], command: str) -> dict[int, int]:
+    """The ``command`` commands each node has run, from ``INFO commandstats``."""
     counts = {}
     for node in nodes:
-        counts[node.port] = node.info("INFO commandstats").get("cmdstat_incrby", {"calls": 0})[
-            "calls"
-        ]
+        stats = node.info("INFO commandstats").get(f"cmdstat_{command}", {"calls": 0})
+        counts[node.port] = stats["calls"]
     return counts
+
+
+def node_named(cluster: RedisClusterServers, name: str) -> ClusterNode:
+    """The node of ``cluster`` that redis-py calls ``name`` (``host:port``)."""
+    [node] = [node for node in cluster.nodes if f"{node.address}:{node.port}" == name]
+    return node
 
 
 def test_stripes_spread_one_hot_counter_over_every_primary(
@@ -50,10 +56,10 @@ def test_stripes_spread_one_hot_counter_over_every_primary(
         single = kit.buffered(f"{name}:single", interval=NEVER, stripes=1)
         spread = {}
         for counter in (striped, single):
-            before = incrbys(primaries)
+            before = calls(primaries, "incrby")
             for _ in range(3000):
                 counter.incr()
-            after = incrbys(primaries)
+            after = calls(primaries, "incrby")
             spread[counter.stripes] = [after[port] - before[port] for port in sorted(after)]
         assert striped.value() == single.value() == 3000
         kit.flush_all()
@@ -169,6 +175,66 @@ def test_an_increment_whose_reply_is_lost_raises_and_is_counted_once(
         for proxy in proxies.values():
             proxy.close()
     assert counted == (1, 2, 3)
+
+
+def test_a_command_to_a_silent_primary_is_tried_once_and_raises(name: str) -> None:
+    """A command whose node sends no reply within the client's timeout raises
+    ``BackendUnavailable``, from a cluster cache of either form made by URL, and is not
+    tried again: redis-py's cluster client would try it ten more times, each waiting the
+    timeout, and so wait out a partition of up to a minute where the call should fail.
+    The key's primary is stopped (SIGSTOP), and its replica promoted meanwhile: a
+    second try would have read the key there."""
+    key = f"{{{name}}}:read"
+    with running(RedisClusterServers) as cluster:  # its own: it stops a primary
+        sync = RedisClusterCache.from_url(cluster.url)
+
+        async def main() -> None:
+            aio = AsyncRedisClusterCache.from_url(cluster.url)
+            try:
+                caches = [Awaited(sync), aio]
+                await aio.add(key, 7, None)
+                for cache in caches:
+                    assert await cache.get(key) == 7  # each has read the map: the primary
+                victim = node_named(cluster, sync.owner(key))
+                others = [node for node in cluster.nodes if node is not victim]
+                before = calls(others, "get")
+                with victim.silent():
+                    for cache in caches:
+                        with pytest.raises(BackendUnavailable) as raised:
+                            await cache.get(key)
+                        assert isinstance(raised.value.__cause__, redis.TimeoutError)
+                    assert calls(others, "get") == before  # no second try, anywhere
+            finally:
+                await aio.close()
+
+        try:
+            asyncio.run(main())
+        finally:
+            sync.close()
+
+
+def test_a_node_out_of_sight_of_most_primaries_is_unavailable(name: str) -> None:
+    """A node that sees too few primaries answers CLUSTERDOWN: the call raises
+    ``BackendUnavailable``, as any call the cluster cannot serve now. Two of the three
+    primaries are stopped (SIGSTOP); no replica can be promoted without them."""
+    key = f"{{{name}}}:down"
+    with running(RedisClusterServers) as cluster:  # its own: it stops two primaries
+        cache = RedisClusterCache.from_url(cluster.url)
+        try:
+            cache.add(key, 7, None)
+            live = node_named(cluster, cache.owner(key))
+            first, second = [node for node in cluster.primaries() if node is not live]
+            with first.silent(), second.silent():
+                wait_for(
+                    lambda: live.info("CLUSTER INFO").get("cluster_state") == "fail",
+                    "the live primary to see the cluster down",
+                    DEADLINE,
+                )
+                with pytest.raises(BackendUnavailable) as raised:
+                    cache.get(key)
+            assert isinstance(raised.value.__cause__, redis.exceptions.ClusterDownError)
+        finally:
+            cache.close()
 
 
 class Awaited:

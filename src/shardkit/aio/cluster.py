@@ -100,8 +100,9 @@ class AsyncRedisClusterCache(ClusterCore, Awaiting):
         its first command)."""
         redis_module()
         from redis.asyncio.cluster import ClusterNode, RedisCluster
+        from redis.asyncio.retry import Retry
 
-        client = RedisCluster(**parse(url).client_options(ClusterNode))
+        client = RedisCluster(**parse(url).client_options(ClusterNode, Retry))
         return cls(client, url=url, owns_client=True)
 
     _pipes_of, _nodes_of, _commands_of, _clock = AsyncNodePipes, OwnNodes, _AsyncCommands, asyncio

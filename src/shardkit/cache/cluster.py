@@ -61,9 +61,17 @@ class Startup(NamedTuple):
     password: str | None
     ssl: bool
 
-    def client_options(self, node: Any) -> dict[str, Any]:
+    def client_options(self, node: Any, retry: Any) -> dict[str, Any]:
         """The keyword arguments of a ``RedisCluster`` (redis-py's, or its asyncio one,
-        whose ``ClusterNode`` class is ``node``) that starts from these nodes."""
+        whose ``ClusterNode`` and ``Retry`` classes are ``node`` and ``retry``) that
+        starts from these nodes and tries a command once: one whose connection fails, or
+        whose reply has not come in ``TIMEOUT``, raises (as does a CLUSTERDOWN answer),
+        the cluster's map read again for the next command. redis-py's cluster client
+        would try it again, ten times by default, each try waiting its ``TIMEOUT``: a
+        call to a node cut off would wait out a partition of up to a minute where it
+        should fail. MOVED, ASK and TRYAGAIN answers (nothing applied) are followed."""
+        from redis.backoff import NoBackoff
+
         return {
             "startup_nodes": [node(host, port) for host, port in self.nodes],
             "username": self.username,
@@ -71,6 +79,7 @@ class Startup(NamedTuple):
             "ssl": self.ssl,
             "socket_connect_timeout": TIMEOUT,
             "socket_timeout": TIMEOUT,
+            "retry": retry(NoBackoff(), 0),
         }
 
 
@@ -298,10 +307,11 @@ class RedisClusterCache(ClusterCore, Blocking):
         """A cache on the cluster that any of the URL's nodes belongs to (database 0)."""
         redis = redis_module()
         from redis.cluster import ClusterNode, RedisCluster
+        from redis.retry import Retry
 
         startup = parse(url)
         try:
-            client = RedisCluster(**startup.client_options(ClusterNode))
+            client = RedisCluster(**startup.client_options(ClusterNode, Retry))
         except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
             detail = _urls.scrub(str(exc), startup.password)
             raise BackendUnavailable(

@@ -111,6 +111,7 @@ class RedisCore:
             self._redis.ConnectionError,
             self._redis.TimeoutError,  # no reply in time: a server gone silent
             self._redis.exceptions.RedisClusterException,  # a cluster of which no node answers
+            self._redis.exceptions.ClusterDownError,  # a node cut off from most primaries
         ) as exc:
             detail = _urls.scrub(str(exc), self._password)
             raise BackendUnavailable(f"cannot reach the cache at {self.url}: {detail}") from exc
