@@ -1,7 +1,8 @@
 """Redis Cluster: one hot buffered counter spread over every primary by its stripes, and
 a primary SIGKILLed under load (its replica promoted): sharded counts exact, buffered
-counts losing at most what was pending, ids never handed out twice. Primaries gone
-silent (SIGSTOP): a command to one is tried once; a node that sees too few is down.
+counts losing at most what was pending, ids never handed out twice. Nodes gone silent
+(SIGSTOP): a command to a primary is tried once; a node that sees too few primaries is
+down; a primary whose replica is silent hands out no id until it drops the replica.
 
 The guarantee suites themselves (cache conformance, every counter kind, the executor's
 marks, processes sharing the cache) run on the session's cluster through the
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -235,6 +237,70 @@ def test_a_node_out_of_sight_of_most_primaries_is_unavailable(name: str) -> None
             assert isinstance(raised.value.__cause__, redis.exceptions.ClusterDownError)
         finally:
             cache.close()
+
+
+def test_a_primary_listing_a_silent_replica_hands_out_no_id_until_it_drops_it(
+    sqlite_url: str, name: str
+) -> None:
+    """The limit stated in docs/deploying.md: a replica gone silent stays in its primary's
+    ``ROLE`` until the primary's ``repl-timeout``, and meanwhile that primary hands out no
+    value: an increment no replica acknowledges is skipped and made again, and raises
+    ``BackendUnavailable`` after 15 s. Once the primary has dropped the replica, ids come
+    again, above every id before. The replica is stopped (SIGSTOP); the primary's
+    ``repl-timeout`` is an hour until an id is seen refused, then 1 s."""
+    with (
+        running(RedisClusterServers) as cluster,  # its own: it stops a replica
+        shardkit.connect(sqlite_url, cluster.url, prefix=PREFIX) as kit,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        cache = kit.cache
+        assert isinstance(cache, RedisClusterCache)
+        ids = kit.ids(name, block=1000)
+        before = ids.take(3)
+        primary = node_named(cluster, cache.owner(ids._key))
+        [replica] = [
+            node
+            for node in cluster.nodes
+            if str(node.info("INFO replication").get("master_port")) == str(primary.port)
+        ]
+        client = primary.client()
+
+        def listed() -> bool:
+            return bool(client.execute_command("ROLE")[2])  # a primary's replicas
+
+        def made() -> int:
+            return calls([primary], "evalsha")[primary.port]
+
+        client.config_set("repl-timeout", 3600)
+        try:
+            with replica.silent():
+                start = made()
+                with pytest.raises(BackendUnavailable):
+                    cache.incr(ids._key, 1)
+                assert made() >= start + 2  # made again, each value skipped
+                start = made()
+                taking = pool.submit(lambda: (ids.next(), time.monotonic()))
+                wait_for(lambda: made() >= start + 2, "an id made again", DEADLINE)
+                assert not taking.done()
+                asked = time.monotonic()
+                assert listed()
+                last_listed = [asked]
+
+                def dropped() -> bool:
+                    asked = time.monotonic()
+                    if listed():
+                        last_listed[0] = asked
+                        return False
+                    return True
+
+                client.config_set("repl-timeout", 1)
+                wait_for(dropped, "the primary to drop its silent replica", DEADLINE)
+                taken, returned = taking.result(DEADLINE)
+        finally:
+            client.config_set("repl-timeout", 5)
+            client.close()
+    assert returned > last_listed[0]  # handed out once the replica was dropped, not before
+    assert taken > max(before)
 
 
 class Awaited:
