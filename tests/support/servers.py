@@ -703,19 +703,26 @@ class Cutter:
     """A TCP proxy in front of Redis that can break its clients' connections: ``arm(word)``
     closes the connection of the next command holding ``word`` in place of forwarding its
     reply (the server applied it; the client never hears so); ``drop()`` closes every
-    connection open now, as a server restart would."""
+    connection open now, as a server restart would; ``hold()`` forwards nothing more
+    either way, on the connections open and on those made after (counted in ``held``),
+    as if the server's host were cut off."""
 
     def __init__(self, host: str, port: int) -> None:
         self._target = (host, port)
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._word: bytes | None = None
+        self._holding = False
+        self.held = 0  # connections made while holding
         self._lock = threading.Lock()
         self._open: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def arm(self, word: bytes) -> None:
         self._word = word
+
+    def hold(self) -> None:
+        self._holding = True
 
     def drop(self) -> None:
         with self._lock:
@@ -736,6 +743,7 @@ class Cutter:
             server = socket.create_connection(self._target)
             with self._lock:
                 self._open += [client, server]
+                self.held += self._holding
             cut = threading.Event()  # this connection sent the armed word
             threading.Thread(target=self._up, args=(client, server, cut), daemon=True).start()
             threading.Thread(target=self._down, args=(server, client, cut), daemon=True).start()
@@ -743,6 +751,8 @@ class Cutter:
     def _up(self, client: socket.socket, server: socket.socket, cut: threading.Event) -> None:
         with contextlib.suppress(OSError):
             while data := client.recv(65536):
+                if self._holding:
+                    continue
                 if self._word is not None and self._word in data:
                     self._word = None
                     cut.set()  # before the server can answer
@@ -752,7 +762,8 @@ class Cutter:
     def _down(self, server: socket.socket, client: socket.socket, cut: threading.Event) -> None:
         with contextlib.suppress(OSError):
             while (data := server.recv(65536)) and not cut.is_set():
-                client.sendall(data)
+                if not self._holding:
+                    client.sendall(data)
         _close(client)
         _close(server)
 

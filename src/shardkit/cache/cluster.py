@@ -64,12 +64,13 @@ class Startup(NamedTuple):
     def client_options(self, node: Any, retry: Any) -> dict[str, Any]:
         """The keyword arguments of a ``RedisCluster`` (redis-py's, or its asyncio one,
         whose ``ClusterNode`` and ``Retry`` classes are ``node`` and ``retry``) that
-        starts from these nodes and tries a command once: one whose connection fails, or
-        whose reply has not come in ``TIMEOUT``, raises (as does a CLUSTERDOWN answer),
-        the cluster's map read again for the next command. redis-py's cluster client
-        would try it again, ten times by default, each try waiting its ``TIMEOUT``: a
-        call to a node cut off would wait out a partition of up to a minute where it
-        should fail. MOVED, ASK and TRYAGAIN answers (nothing applied) are followed."""
+        starts from these nodes and tries a command twice at most: one whose connection
+        fails, or whose reply has not come in ``TIMEOUT``, is tried once more on the
+        cluster's map read again (a failover the client has not seen yet), then raises
+        (as does a CLUSTERDOWN answer twice). redis-py's cluster client would try it
+        eleven times by default, each try waiting its ``TIMEOUT``: a call to a node cut
+        off would wait out a partition of up to a minute where it should fail. MOVED,
+        ASK and TRYAGAIN answers (nothing applied) are followed."""
         from redis.backoff import NoBackoff
 
         return {
@@ -79,7 +80,7 @@ class Startup(NamedTuple):
             "ssl": self.ssl,
             "socket_connect_timeout": TIMEOUT,
             "socket_timeout": TIMEOUT,
-            "retry": retry(NoBackoff(), 0),
+            "retry": retry(NoBackoff(), 1),
         }
 
 
