@@ -1030,11 +1030,22 @@ def test_a_page_whose_checkpoint_moved_on_is_rolled_back_with_fn(
 
 
 @pytest.mark.parametrize("store_url", ["postgres"], indirect=True)  # a check deferred to COMMIT
-def test_a_page_whose_commit_fails_keeps_neither_fns_writes_nor_its_checkpoint(
-    kit: shardkit.Kit, tables: Tables
+@pytest.mark.parametrize("pooled", [False, True])
+def test_a_page_whose_commit_fails_says_so_and_keeps_nothing(
+    kit: shardkit.Kit, tables: Tables, pooled: bool
 ) -> None:
     """A transactional page whose COMMIT fails (here on a constraint checked only then)
-    raises the database's error, and neither fn's writes nor its checkpoint are kept."""
+    raises ``BackendError`` saying that its COMMIT failed, the database's error chained
+    as SQLAlchemy's naming the COMMIT (sent with the checkpoint in one round trip on a
+    direct connection; on its own behind a pooler), not the checkpoint; a job of no
+    retries fails with that message. No password anywhere, and neither fn's writes nor
+    the checkpoint are kept."""
+    import psycopg
+
+    url = sql_store(kit).engine.url
+    url = url.set(password=url.password or "s3cret-pw")  # ignored by a server that trusts
+    password = url.password
+    assert password is not None
     table, initial = key_table(tables, "sequential", 100)
     marks = tables.create(
         "marks",
@@ -1047,16 +1058,39 @@ def test_a_page_whose_commit_fails_keeps_neither_fns_writes_nor_its_checkpoint(
         add(batch)
         batch.conn.execute(marks.insert(), [{"n": 1}, {"n": 1}])  # refused at COMMIT
 
+    def configure(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        if pooled:  # as behind a transaction pooler: nothing prepared, the COMMIT alone
+            dbapi_connection.prepare_threshold = None
+
     spec = MapSpec(TableSource(table, "k"), fn, None, 10, 1, True, 0)
-    mapper, job = kit.mapper, f"refused-{uuid4().hex[:8]}"
-    assert mapper.ledger.create(job, spec.dumps(None)[0])
-    mapper._hold(job, spec)
-    root = KeyRange().id(job)
-    with pytest.raises(BackendError, match="duplicate key"):
-        mapper._step(job, root, spec, None)
+    with Target(url.render_as_string(hide_password=False), "memory://").connect() as secret:
+        mapper, job = secret.mapper, f"refused-{uuid4().hex[:8]}"
+        sa.event.listen(sql_store(secret).engine, "checkout", configure)
+        assert mapper.ledger.create(job, spec.dumps(None)[0])
+        mapper._hold(job, spec)
+        root = KeyRange().id(job)
+        with pytest.raises(BackendError) as raised:
+            mapper._step(job, root, spec, None)
+        said = (
+            f"store {secret.store.url} failed while committing (mapping a range of job {job!r}): "
+            "duplicate key value violates unique constraint"
+        )
+        assert str(raised.value).startswith(said)
+        cause = raised.value.__cause__
+        assert isinstance(cause, sa.exc.IntegrityError)
+        assert isinstance(cause.orig, psycopg.errors.UniqueViolation)
+        # SQLAlchemy names the statement that failed: the COMMIT (its own has none).
+        assert (cause.statement, cause.params) == (None if pooled else "COMMIT", None)
+        assert "UPDATE" not in str(cause)  # the checkpoint's
+        mapper.run_range(job, root)  # fails the job: no retries
+        with pytest.raises(JobFailed) as failed:
+            secret.job(job).wait(WAIT)
+        assert f"BackendError: {said}" in str(failed.value)
+        told = [str(raised.value), repr(raised.value), str(cause), str(failed.value)]
+        assert not [text for text in told if password in text]
     assert values(kit, table) == initial
     assert job_row(kit, job, root) == (None, 0, 0)
-    with sql_store(kit).engine.connect() as conn:
+    with tables.engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(marks)).scalar_one() == 0
 
 

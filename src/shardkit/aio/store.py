@@ -24,7 +24,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from shardkit import _urls
 from shardkit._program import Awaiting, playing
 from shardkit.errors import ConfigurationError, MissingDriver
-from shardkit.store.sql import Sql, SqlCore, SqlRoles, gate_forks, make_engine, watch_for_poolers
+from shardkit.store.sql import (
+    Sql,
+    SqlCore,
+    SqlRoles,
+    committing,
+    gate_forks,
+    make_engine,
+    watch_for_poolers,
+)
 
 _T = TypeVar("_T")
 
@@ -87,16 +95,20 @@ class AsyncSqlStore(SqlCore, Awaiting):
 
     async def transaction(self, action: str, work: Callable[[Connection], _T]) -> _T:
         """Run ``work`` (blocking SQLAlchemy code) in one transaction, again if the
-        database chose it as a deadlock victim. Never interrupted midway (``_whole``)."""
+        database chose it as a deadlock victim. Never interrupted midway (``_whole``). A
+        failed COMMIT raises as ``committing`` the ``action``."""
         return await self._whole(self._transaction(action, work))
 
     async def _transaction(self, action: str, work: Callable[[Connection], _T]) -> _T:
         for attempt in itertools.count():
+            doing = action
             try:
                 async with self.engine.begin() as conn:
-                    return await conn.run_sync(work)
+                    done = await conn.run_sync(work)
+                    doing = committing(action)  # what fails from here is the COMMIT
+                return done
             except SQLAlchemyError as exc:
-                await asyncio.sleep(self._pause_before_retry(exc, action, attempt))
+                await asyncio.sleep(self._pause_before_retry(exc, doing, attempt))
         raise AssertionError("unreachable")
 
     async def read(

@@ -13,7 +13,7 @@ statements, the rules as programs), ``store`` (``SqlStore``, blocking), ``engine
 
 from __future__ import annotations
 
-from .core import Sql, SqlCore, SqlRoles
+from .core import Sql, SqlCore, SqlRoles, committing
 from .dialect import Dialect
 from .engines import (
     engine_from_url,
@@ -32,6 +32,7 @@ __all__ = [
     "SqlRoles",
     "SqlStore",
     "column_names",
+    "committing",
     "engine_from_url",
     "gate_forks",
     "make_engine",

@@ -29,7 +29,7 @@ from shardkit.errors import (
 from shardkit.store.base import IDS, RETIRED, CounterInfo, Deleted, Flushed, check_reset
 from shardkit.validation import sums_fit
 
-from .dialect import Dialect, added, greatest_of
+from .dialect import COMMIT, Dialect, added, greatest_of
 from .schema import Tables, missing_tables
 
 _T = TypeVar("_T")
@@ -96,7 +96,10 @@ class SqlCore(Tables):
         connection was ``lost`` (or SQLAlchemy found it so) or could not be made, and
         ``CounterOverflow`` when the database refused a value outside signed 64-bit (so
         nothing was written). A lost connection means the server went away: the held
-        connections are dropped too."""
+        connections are dropped too. A failed ``COMMIT`` sent with a statement (a
+        ``DBAPIError`` naming ``COMMIT``) is told as ``committing``."""
+        if isinstance(exc, DBAPIError) and exc.statement == COMMIT:
+            action = committing(action)
         text = _urls.scrub(str(getattr(exc, "orig", None) or exc), self._password)
         detail = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
         if self.dialect.is_out_of_range(exc):
@@ -538,4 +541,10 @@ def new_incarnation() -> int:
     return secrets.randbits(63)
 
 
-__all__ = ["Sql", "SqlCore"]
+def committing(action: str) -> str:
+    """What a store was doing when the ``COMMIT`` of a transaction doing ``action``
+    failed, for its error's message."""
+    return f"committing ({action})"
+
+
+__all__ = ["Sql", "SqlCore", "committing"]

@@ -334,6 +334,10 @@ def _text(values: Sequence[int | str], encoding: str) -> list[bytes]:
 
 
 _MISSING = b"26000"  # invalid_sql_statement_name: not prepared in this session
+_IDLE = 0  # libpq's PQTRANS_IDLE: no transaction open on the connection
+COMMIT = "COMMIT"
+"""The statement a ``DBAPIError`` names when the ``COMMIT`` sent with a statement failed
+(``Compiled.run``): the transaction is over, rolled back by the database."""
 _prepared_names = itertools.count()  # each `_Prepared` statement's own name
 
 
@@ -384,13 +388,16 @@ class Compiled:
         if self._libpq:
             key = (self, commit)
             run = conn.info.get(key)
+            dbapi_connection: Any = conn.connection.dbapi_connection
             if run is None:
-                dbapi_connection = conn.connection.dbapi_connection
                 run = conn.info[key] = self._counting(dbapi_connection, commit)
             try:
                 return run(values)
             except conn.dialect.loaded_dbapi.Error as exc:
-                raise self._failure(conn, values, None, exc) from exc
+                # A COMMIT that failed ended the transaction; a statement that failed
+                # left it aborted, the COMMIT sent with it not run.
+                ended = commit and dbapi_connection.pgconn.transaction_status == _IDLE
+                raise self._failure(conn, values, None, exc, committing=ended) from exc
         return self._on_cursor(conn, values, _row_count)
 
     def fetch(self, conn: Connection, values: Mapping[str, Any]) -> list[Any]:
@@ -414,16 +421,23 @@ class Compiled:
             cursor.close()
 
     def _failure(
-        self, conn: Connection, values: Mapping[str, Any], cursor: Any, exc: Any
+        self,
+        conn: Connection,
+        values: Mapping[str, Any],
+        cursor: Any,
+        exc: Any,
+        *,
+        committing: bool = False,
     ) -> StatementError:
-        """The driver's error ``exc`` as SQLAlchemy's ``DBAPIError``, a lost connection
-        invalidated as SQLAlchemy would."""
+        """The driver's error ``exc`` as SQLAlchemy's ``DBAPIError``, naming the statement
+        that failed: this one, or (``committing``) the ``COMMIT`` sent with it, with no
+        parameters. A lost connection is invalidated as SQLAlchemy would."""
         lost = conn.dialect.is_disconnect(exc, conn.connection.dbapi_connection, cursor)
         if lost:
             conn.invalidate(exc)
         failure: StatementError = DBAPIError.instance(
-            self.sql,
-            dict(values),
+            COMMIT if committing else self.sql,
+            None if committing else dict(values),
             exc,
             conn.dialect.loaded_dbapi.Error,
             connection_invalidated=lost,
@@ -486,4 +500,4 @@ class Compiled:
         return LibpqStatement(re.sub(r"%\((\w+)\)s|%%", placeholder, self.sql)), names
 
 
-__all__ = ["Compiled", "Dialect", "LibpqStatement", "Text", "added", "greatest_of"]
+__all__ = ["COMMIT", "Compiled", "Dialect", "LibpqStatement", "Text", "added", "greatest_of"]

@@ -18,7 +18,7 @@ from sqlalchemy.pool import QueuePool
 from shardkit._fork import reset_in_child
 from shardkit._program import Blocking
 
-from .core import SqlCore, SqlRoles
+from .core import SqlCore, SqlRoles, committing
 from .dialect import Compiled
 from .engines import gate_forks, watch_for_poolers
 
@@ -70,13 +70,17 @@ class SqlStore(SqlCore, Blocking):
 
     def transaction(self, action: str, work: Callable[[Connection], _T]) -> _T:
         """Run ``work`` in one transaction, again if the database chose it as a deadlock
-        victim (its effects were rolled back whole, so running it again is safe)."""
+        victim (its effects were rolled back whole, so running it again is safe). A
+        failed COMMIT raises as ``committing`` the ``action``."""
         for attempt in itertools.count():
+            doing = action
             try:
                 with self.engine.begin() as conn:
-                    return work(conn)
+                    done = work(conn)
+                    doing = committing(action)  # what fails from here is the COMMIT
+                return done
             except SQLAlchemyError as exc:
-                time.sleep(self._pause_before_retry(exc, action, attempt))
+                time.sleep(self._pause_before_retry(exc, doing, attempt))
         raise AssertionError("unreachable")
 
     @property
