@@ -371,6 +371,32 @@ def test_a_batch_holds_its_rows_as_read_and_as_dicts(kit: shardkit.Kit, tables: 
     assert sorted(row for page in pages for row in page) == read
 
 
+@pytest.mark.parametrize("column", [sa.Integer, Tenfold])
+def test_a_table_sources_rows_are_keyed_as_its_results_rows(
+    kit: shardkit.Kit, tables: Tables, column: type[sa.types.TypeEngine[Any]]
+) -> None:
+    """A page's rows, made of their values by SQLAlchemy's public ``result_tuple``, are
+    keyed as the rows of the database's own result: by name, by position and by the
+    table's columns — pages read through SQLAlchemy and past it (values that need no
+    conversion: ``Integer``) alike."""
+    table = tables.create("keyed", _pk("id", sa.Integer), sa.Column("v", column, nullable=False))
+    with tables.engine.begin() as conn:
+        conn.execute(table.insert(), [{"id": i, "v": i} for i in range(1, 31)])
+        read = conn.execute(sa.select(table).order_by(table.c.id)).all()
+    seen: list[tuple[Any, ...]] = []
+    lock = threading.Lock()
+
+    def fn(batch: Batch) -> None:
+        with lock:
+            seen.extend(
+                (row, row._mapping[table.c.id], row._mapping[table.c.v], row._mapping["v"], row[0])
+                for row in batch.records
+            )
+
+    assert kit.map(table, fn, page_size=7, fanout=1).wait(WAIT).rows == 30
+    assert sorted(seen) == [(row, row.id, row.v, row.v, row.id) for row in read]
+
+
 @pytest.mark.parametrize("columns", ["plain", "converted", "expanded"])
 def test_pages_whose_values_need_no_conversion_are_read_past_sqlalchemy(
     kit: shardkit.Kit, tables: Tables, columns: str

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, overload
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Result, Row
 
 from shardkit._program import Blocking, Program, call, role, rule
@@ -90,11 +91,14 @@ class Records(Sequence[Row[Any]]):
     The page is held as tuples of its values, which CPython's collector stops tracking
     the first time it looks at them. Held as rows, each would stay tracked as long as
     its worker holds the page (through fn and the checkpoint): with 2,000-row pages, a
-    full collection of the whole heap every hundred pages or so."""
+    full collection of the whole heap every hundred pages or so. Rows are made by
+    SQLAlchemy's public ``result_tuple``, keyed by the columns' names and, given the
+    statement's ``columns``, by those columns too (``row._mapping[table.c.id]``), as
+    the result's own rows are."""
 
     __slots__ = ("_fields", "_make", "_values")
 
-    def __init__(self, rows: Iterable[Row[Any]]) -> None:
+    def __init__(self, rows: Iterable[Row[Any]], columns: Iterable[Any] | None = None) -> None:
         iterator = iter(rows)
         first = next(iterator, None)
         if first is None:
@@ -104,13 +108,15 @@ class Records(Sequence[Row[Any]]):
             return
         self._values = [tuple(first), *map(tuple, iterator)]
         self._fields = first._fields
-        # Rows as the result makes them, its values already converted by column type.
-        self._make = functools.partial(Row, first._parent, None, first._key_to_index)
+        # Made of values as the result gives them, already converted by column type.
+        extra = None if columns is None else [(column,) for column in columns]
+        self._make = sa.result_tuple(self._fields, extra)
 
     @classmethod
-    def read(cls, result: Result[Any]) -> Records:
-        """All of ``result``'s rows, taken ``_PART`` at a time."""
-        return cls(itertools.chain.from_iterable(result.partitions(_PART)))
+    def read(cls, result: Result[Any], columns: Iterable[Any] | None = None) -> Records:
+        """All of ``result``'s rows, taken ``_PART`` at a time; ``columns``: its
+        statement's selected columns."""
+        return cls(itertools.chain.from_iterable(result.partitions(_PART)), columns)
 
     def again(self, values: list[tuple[Any, ...]]) -> Records:
         """Rows of the same columns as these, made as these are, of ``values``: tuples of

@@ -179,7 +179,8 @@ class TableSource:
         last = self._params("tie", self.key_of(rows[-1]))
         tail = conn.execute(self._ties, last).all()
         keys = {self.key_of(row) for row in tail}
-        return Records([*(row for row in rows if self.key_of(row) not in keys), *tail])
+        kept = (tuple(row) for row in rows if self.key_of(row) not in keys)
+        return rows.again([*kept, *map(tuple, tail)])
 
     def key_of(self, row: Any) -> Key:
         if len(self._positions) == 1:
@@ -296,7 +297,7 @@ class _PageQuery:
             return like.again(direct.fetch(conn, params))
         result = conn.execute(self.statement, params)
         described = None if direct is None else result.cursor.description
-        rows = Records.read(result)
+        rows = Records.read(result, self.statement.selected_columns)
         if described is not None and rows:
             if _converts(self.statement, described, conn.dialect):
                 self.direct = None
