@@ -22,6 +22,7 @@ from backends import CACHE_URLS, CLUSTER, NEVER, PREFIX, STORE_URLS, Target, cac
 from received import increments_received, row_writes
 from shardkit.counters.generations import scheduled_flush
 from shardkit.errors import (
+    BackendError,
     ConfigurationError,
     CounterNotFound,
     CounterOverflow,
@@ -758,6 +759,48 @@ def test_a_direct_postgresql_connection_keeps_prepared_statements() -> None:
             return conn.sync_connection.info[_POOLED], raw.driver_connection.prepare_threshold
 
     assert with_kit(store_url, "memory://", work) == (False, 5)
+
+
+def test_a_transaction_whose_commit_fails_says_so_in_either_store() -> None:
+    """A transaction whose COMMIT fails (on a constraint checked only then) raises
+    ``BackendError`` "failed while committing (…)" with the database's error chained,
+    from the async store as from the sync one; nothing of it is kept."""
+    store_url = STORE_URLS["postgres"]
+    assert store_url is not None
+    require(store_url)
+    engine = sa.create_engine(store_url)
+    marks = sa.Table(
+        f"{PREFIX}marks_{random.getrandbits(32):08x}",
+        sa.MetaData(),
+        sa.Column("n", sa.Integer),
+        sa.UniqueConstraint("n", deferrable=True, initially="DEFERRED"),
+    )
+    marks.create(engine)
+
+    def mark(conn: sa.Connection) -> None:
+        conn.execute(marks.insert(), [{"n": 1}, {"n": 1}])  # refused at COMMIT
+
+    async def work(kit: shardkit.aio.AsyncKit) -> tuple[str, BaseException]:
+        with pytest.raises(BackendError) as raised:
+            await kit.store.transaction("marking", mark)
+        return kit.store.url, raised.value
+
+    try:
+        sync = open_store(store_url, prefix=PREFIX)
+        assert isinstance(sync, SqlStore)
+        with pytest.raises(BackendError) as raised:
+            sync.transaction("marking", mark)
+        sync.close()
+        failures = [(sync.url, raised.value), with_kit(store_url, "memory://", work)]
+        for url, error in failures:
+            said = f"store {url} failed while committing (marking): duplicate key value"
+            assert str(error).startswith(said)
+            assert isinstance(error.__cause__, sa.exc.IntegrityError)
+        with engine.connect() as conn:
+            assert conn.execute(sa.select(sa.func.count()).select_from(marks)).scalar_one() == 0
+    finally:
+        marks.drop(engine)
+        engine.dispose()
 
 
 def test_purging_keys_lets_a_key_apply_again(sqlite_url: str, name: str) -> None:
