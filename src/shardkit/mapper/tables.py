@@ -17,7 +17,8 @@ from typing import Any, Protocol, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from shardkit.store.sql import Dialect, SqlRoles, column_names
+from shardkit.store.sql import Dialect, SqlRoles
+from shardkit.store.sql.schema import column_names
 
 _T = TypeVar("_T")
 

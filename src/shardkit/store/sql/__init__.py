@@ -22,7 +22,6 @@ from .engines import (
     unprepare_behind_pooler,
     watch_for_poolers,
 )
-from .schema import column_names, missing_tables
 from .store import SqlStore
 
 __all__ = [
@@ -31,12 +30,10 @@ __all__ = [
     "SqlCore",
     "SqlRoles",
     "SqlStore",
-    "column_names",
     "committing",
     "engine_from_url",
     "gate_forks",
     "make_engine",
-    "missing_tables",
     "unprepare_behind_pooler",
     "watch_for_poolers",
 ]

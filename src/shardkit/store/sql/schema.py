@@ -89,7 +89,8 @@ class Tables:
     def schema_in(self, conn: Connection) -> bool:
         """Whether every table is in the database ``conn`` reaches (one query), and
         current (``check_current``)."""
-        if missing_tables(conn, self.metadata):
+        present = table_names(conn)
+        if not all(table.name in present for table in self.metadata.sorted_tables):
             return False
         self.check_current(conn)
         return True
@@ -107,19 +108,22 @@ class Tables:
             )
 
 
-def missing_tables(conn: Connection, metadata: sa.MetaData) -> list[sa.Table]:
-    """``metadata``'s tables that the database ``conn`` reaches does not have (one
-    query)."""
-    present = set(sa.inspect(conn).get_table_names())
-    return [table for table in metadata.sorted_tables if table.name not in present]
+# Not SQLAlchemy's ``has_table`` nor ``get_columns``: its PostgreSQL dialect keeps their
+# queries in caches of 128 entries keyed by the dialect, each engine's own, so that each
+# engine opened and closed would be kept (about 830 objects) until 128 others pushed it out.
+
+
+def table_names(conn: Connection) -> set[str]:
+    """The names of the tables in the database ``conn`` reaches (its default schema):
+    one query."""
+    return set(sa.inspect(conn).get_table_names())
 
 
 def column_names(conn: Connection, table: sa.Table) -> set[str]:
-    """The names of the columns ``table`` has in the database ``conn`` reaches: one query
-    that reads no row (its result's description), far cheaper than reflecting them."""
-    return set(
-        conn.execute(sa.select(sa.literal_column("*")).select_from(table).where(sa.false())).keys()
-    )
+    """The names of the columns ``table`` has in the database ``conn`` reaches: one
+    query, which reads no row."""
+    query = sa.select(sa.text("*")).select_from(sa.table(table.name, schema=table.schema))
+    return set(conn.execute(query.where(sa.false())).keys())
 
 
-__all__ = ["Tables", "column_names", "missing_tables"]
+__all__ = ["Tables", "column_names", "table_names"]
