@@ -495,6 +495,67 @@ def test_a_counting_update_first_in_a_transaction_sends_its_begin_with_it(databa
     assert views(video) == 10
 
 
+def counting_runs(database: str) -> int:
+    """How many times the server has run the counting statement prepared on Django's
+    connection ``database`` (its plans made, by ``pg_prepared_statements``)."""
+    with connections[database].cursor() as cursor:
+        cursor.execute(
+            "SELECT coalesce(sum(generic_plans + custom_plans), 0) FROM pg_prepared_statements"
+            " WHERE statement LIKE 'INSERT INTO%%' AND statement LIKE '%%EXISTS%%'"
+        )
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.parametrize("database", ["postgres"], indirect=True)
+def test_with_psycopgs_preparing_on_a_counting_update_runs_prepared_first_in_a_transaction(
+    database: str,
+) -> None:
+    """With psycopg preparing statements of its own (``prepare_threshold`` and
+    ``server_side_binding`` in ``OPTIONS``), a counting update that begins a transaction
+    runs prepared, with its BEGIN in one round trip, even after psycopg deallocated every
+    statement of the session on a rollback (found missing, the transaction is rolled
+    back and the statement sent again, prepared first); a later one in the transaction
+    is sent whole, as the docs state: the server runs the prepared statement once per
+    transaction."""
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    connection = connections[database]
+    connection.ensure_connection()
+    raw = connection.connection
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        if cursor.fetchone()[0] != raw.info.backend_pid:  # behind a pooler
+            assert raw.prepare_threshold is None  # psycopg's preparing turned off
+            return
+    video = Video.objects.create(title="a")
+    assert Video.objects.filter(pk=video.pk).update(views=F("views") + 1) == 1  # opened
+    factory = raw.cursor_factory
+    raw.prepare_threshold, raw.cursor_factory = 0, ServerBindingCursor
+    try:
+        with transaction.atomic(using=database):  # prepared at its first run on a connection
+            assert Video.objects.filter(pk=video.pk).update(views=F("views") + 1) == 1
+        for delta, lost in ((2, False), (3, True)):
+            runs = counting_runs(database)
+            with queries_sent(database) as sent, transaction.atomic(using=database):
+                assert Video.objects.filter(pk=video.pk).update(views=F("views") + delta) == 1
+                assert Video.objects.filter(pk=video.pk).update(views=F("views") + delta) == 1
+            begun = sent[0]
+            assert begun.startswith("BEGIN; EXECUTE "), sent
+            # Found missing: rolled back, prepared again, sent again.
+            again = ["ROLLBACK", "extended", begun] if lost else []
+            assert sent[1:] == [*again, "extended", "COMMIT"]
+            assert counting_runs(database) == runs + 1
+            # psycopg prepares statements of its own (the read, at once), then
+            # deallocates them all, the counting statement too, as it rolls back.
+            with transaction.atomic(using=database):
+                Video.objects.get(pk=video.pk)
+                transaction.set_rollback(True, using=database)
+            assert counting_runs(database) == 0
+    finally:
+        raw.prepare_threshold, raw.cursor_factory = None, factory
+    assert views(video) == 12
+
+
 def test_a_counting_statement_is_seen_by_execute_wrappers_and_the_query_log(
     database: str,
 ) -> None:

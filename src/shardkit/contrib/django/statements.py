@@ -63,8 +63,12 @@ def counted_names(connection: Any, sql: str, params: Sequence[Any], *, one: bool
     PostgreSQL through psycopg 3, runs through libpq directly (``LibpqStatement``), as
     psycopg would run it (a transaction Django has begun is begun on the server first:
     prepared, the statement goes with its ``BEGIN``, in one round trip), prepared where
-    psycopg never deallocates it (not behind a pooler; in a transaction, only while
-    psycopg prepares nothing of its own): the server plans it once per connection, and
+    the session keeps it (not behind a pooler), except after the first statement of a
+    transaction while psycopg may prepare statements of its own (its
+    ``prepare_threshold`` set): psycopg deallocates every statement of the session when
+    it rolls back after preparing some, and a statement found missing there would abort
+    the transaction (first in it, the transaction is rolled back and the statement sent
+    again, prepared first). Prepared, the server plans it once per connection, and
     neither Django's cursor wrapper nor psycopg's cursor is paid —
     unless something watches Django's cursors (an execute wrapper, as instrumentation
     installs; the query log, with ``DEBUG`` or in a test's ``assertNumQueries``).
@@ -84,12 +88,13 @@ def counted_names(connection: Any, sql: str, params: Sequence[Any], *, one: bool
             session = _Session.of(raw)
         prepare, begin = session.prepare, None
         if not raw.autocommit:
-            prepare = prepare and raw.prepare_threshold is None
             if raw.pgconn.transaction_status == _IDLE:
                 begin = _begin(raw.isolation_level, raw.read_only, raw.deferrable)
                 if not prepare:
                     session.run(raw, begin, ())
                     begin = None
+            else:  # a statement found missing would abort the caller's transaction
+                prepare = prepare and raw.prepare_threshold is None
         return session.run(raw, sql, params, prepare=prepare, begin=begin)
 
 
