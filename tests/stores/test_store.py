@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import random
+import threading
 import time
 import uuid
 
 import pytest
 
-from backends import PREFIX, STORE_URLS, require, run_together, store_url_for
+from backends import PREFIX, ROOT, STORE_URLS, require, run_together, store_url_for, wait_for
 from shardkit.errors import (
     ConfigurationError,
     CounterKindMismatch,
@@ -326,3 +327,53 @@ def test_a_redoable_statement_is_prepared_again_when_the_session_lost_it() -> No
             "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'SELECT $1%'"
         ).fetchone()
         assert prepared == (1,)
+
+
+def test_a_thread_waiting_in_a_pipeline_holds_no_gil() -> None:
+    """What the scaling guide states of threads: with psycopg's binary implementation
+    (the one installed, which the guide names), a thread whose pipeline (``executemany``,
+    as SQLAlchemy runs a list of parameters) waits for the server holds no GIL. This
+    thread, meanwhile, sees it wait on a lock and releases the lock through a pipeline
+    of its own. (A wait holding the GIL would stop this thread until the server's
+    ``lock_timeout`` failed the other.)"""
+    import psycopg
+
+    url = STORE_URLS["postgres"]
+    assert url is not None
+    require(url)
+    assert psycopg.pq.__impl__ == "binary"
+    assert '`psycopg.pq.__impl__ == "binary"`' in (ROOT / "docs" / "scaling.md").read_text()
+    assert psycopg.Pipeline.is_supported()  # executemany pipelines its statements
+    key = random.getrandbits(62)
+    dsn = url.replace("+psycopg", "")
+    with (
+        psycopg.connect(dsn, autocommit=True) as holder,
+        psycopg.connect(dsn, autocommit=True) as waiter,
+    ):
+        holder.execute("SELECT pg_advisory_lock(%s)", [key])
+        waiter.execute("SET lock_timeout = '30s'")
+        pid = waiter.info.backend_pid
+        ended: list[object] = []
+
+        def pipeline() -> None:
+            try:
+                with waiter.cursor() as cursor:
+                    cursor.executemany("SELECT pg_advisory_xact_lock(%s)", [(key,)] * 3)
+                ended.append("done")
+            except psycopg.Error as exc:
+                ended.append(exc)
+
+        thread = threading.Thread(target=pipeline)
+        thread.start()
+        try:
+            waiting = "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s"
+            wait_for(
+                lambda: holder.execute(waiting, [pid]).fetchone() == ("Lock",),
+                "the pipelined statement to wait on the lock",
+                status=lambda: ended,
+            )
+            with holder.cursor() as cursor:
+                cursor.executemany("SELECT pg_advisory_unlock(%s)", [(key,)])
+        finally:
+            thread.join(60)
+    assert ended == ["done"]
