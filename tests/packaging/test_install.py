@@ -4,14 +4,18 @@ page), runs its page of the documentation there against the real services. And w
 fresh clone green when a dependency makes a new release: CI's pins cover everything the
 tests install, and a dependency's own deprecation warnings do not fail the tests.
 
-shardkit's wheel is built once per session, as ``pip install <repo>`` builds it, and each
-extra's environment is made once per session; pip takes the packages from its cache and
-its configured index (and honours ``PIP_CONSTRAINT``, as CI sets it).
+shardkit's wheel is built once per session, as ``pip install <repo>`` builds it (its build
+backend in an isolated environment, from the working tree), and each extra's environment is
+made once per session. uv makes them (``uv build --wheel``, ``uv venv``, ``uv pip install``)
+and installs the build environments of ``python -m build``, taking the packages from its
+cache and its index (PyPI unless uv's own settings name another); ``PIP_CONSTRAINT``, as CI
+sets it, constrains them as it constrains pip.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -25,6 +29,7 @@ from typing import Any
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from uv import find_uv_bin
 
 from backends import CACHE_URLS, CELERY_BROKERS, ROOT, STORE_URLS
 from page_runs import environ, names_of, run_page
@@ -50,15 +55,46 @@ def _run(command: list[str], **options: Any) -> str:
     return done.stdout
 
 
-def _pip(*args: str) -> str:
-    return _run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args])
+def _uv(*args: str) -> str:
+    """Run uv (the test extra's) with ``args``, constrained as pip is."""
+    return _run([find_uv_bin(), *args, "--quiet"], env=_uv_environ())
+
+
+def _uv_environ() -> dict[str, str]:
+    """The environment of uv, and of a build installing with it: ``PIP_CONSTRAINT``'s
+    files (when set) constrain what it installs, build environments included; nothing of
+    this session's Python path."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    constraints = os.environ.get("PIP_CONSTRAINT", "")
+    if constraints:
+        env["UV_CONSTRAINT"] = env["UV_BUILD_CONSTRAINT"] = constraints
+    return env
+
+
+def _build(kind: str, source: Path, out: Path) -> Path:
+    """Build shardkit's ``kind`` (``sdist`` or ``wheel``) from ``source`` into ``out`` with
+    ``python -m build``, a release's frontend, its isolated environment installed by uv;
+    the distribution built."""
+    command = [sys.executable, "-m", "build", "--installer", "uv", f"--{kind}"]
+    _run([*command, "--outdir", str(out), str(source)], env=_uv_environ())
+    (built,) = out.glob("shardkit-*")
+    return built
+
+
+def _clean_venv(path: Path, *wanted: str) -> str:
+    """Make a virtual environment at ``path`` (no pip in it) holding ``wanted`` and what
+    they require, nothing else; its Python."""
+    _uv("venv", "--python", sys.executable, "--no-project", str(path))
+    python = str(path / "bin" / "python")
+    _uv("pip", "install", "--python", python, *wanted)
+    return python
 
 
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """shardkit's wheel, built from the working tree."""
     out = tmp_path_factory.mktemp("wheel")
-    _pip("wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(ROOT))
+    _uv("build", "--wheel", "--python", sys.executable, "--out-dir", str(out), str(ROOT))
     (built,) = out.glob("shardkit-*.whl")
     return built
 
@@ -66,10 +102,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """shardkit's sdist, built from the working tree as a release builds it."""
-    out = tmp_path_factory.mktemp("sdist")
-    _run([sys.executable, "-m", "build", "--sdist", "--outdir", str(out), str(ROOT)])
-    (built,) = out.glob("shardkit-*.tar.gz")
-    return built
+    return _build("sdist", ROOT, tmp_path_factory.mktemp("sdist"))
 
 
 @pytest.fixture(scope="session")
@@ -83,10 +116,7 @@ def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Venv:
         key = (extra, *also)
         if key not in made:
             path = tmp_path_factory.mktemp(f"venv-{extra}")
-            _run([sys.executable, "-m", "venv", "--clear", "--without-pip", str(path)])
-            python = str(path / "bin" / "python")
-            wanted = [f"shardkit[{extra}] @ {wheel.as_uri()}", "sybil", *also]
-            _pip("--python", python, "install", "--quiet", *wanted)
+            python = _clean_venv(path, f"shardkit[{extra}] @ {wheel.as_uri()}", "sybil", *also)
             # Clean: the test dependencies (which bring packages of their own) are absent.
             _run([python, "-c", "import importlib.util as u; assert not u.find_spec('pytest')"])
             made[key] = path
@@ -196,14 +226,10 @@ def test_the_sdist_rebuilds_and_its_wheel_alone_runs_the_demo(sdist: Path, tmp_p
     needed = {"pyproject.toml", "README.md", "LICENSE", "src/shardkit/py.typed"}
     assert needed <= members
     assert sorted(name for name in members if _ARTIFACT.search(name)) == []
-    wheels = tmp_path / "wheels"
     unpacked = tmp_path / sdist.name.removesuffix(".tar.gz")
-    _run([sys.executable, "-m", "build", "--wheel", "--outdir", str(wheels), str(unpacked)])
-    (rebuilt,) = wheels.glob("shardkit-*.whl")
+    rebuilt = _build("wheel", unpacked, tmp_path / "wheels")
     env = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", "--without-pip", str(env)])
-    python = str(env / "bin" / "python")
-    _pip("--python", python, "install", "--quiet", str(rebuilt))
+    _clean_venv(env, str(rebuilt))
     out = _run(
         [str(env / "bin" / "shardkit"), "demo", "--writers", "1", "--seconds", "0.2", "--json"],
         cwd=tmp_path,
