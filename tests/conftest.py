@@ -13,7 +13,7 @@ import uuid
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import Phase, settings
@@ -23,15 +23,20 @@ from backends import (
     CACHE_URLS,
     CLUSTER,
     PREFIX,
+    REDIS,
     STORE_URLS,
     Target,
     _used_stores,
     cache_url_of,
     drop_tables,
+    require,
     store_url_for,
 )
 from shardkit.cache import Cache, open_cache
 from shardkit.store import Store, open_store
+
+if TYPE_CHECKING:
+    from servers import Cutter
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -178,6 +183,21 @@ def own_redis() -> Iterator[str]:
 
     with running(RedisServer) as server:
         yield server.url
+
+
+@pytest.fixture
+def cutter() -> Iterator[tuple[Cutter, str]]:
+    """A cutting proxy (``servers.Cutter``) in front of the tests' Redis, and the URL of
+    its database there."""
+    from urllib.parse import urlsplit
+
+    from servers import Cutter
+
+    require(REDIS)
+    where = urlsplit(REDIS)
+    proxy = Cutter(where.hostname or "127.0.0.1", where.port or 6379)
+    yield proxy, where._replace(netloc=f"127.0.0.1:{proxy.port}").geturl()
+    proxy.close()
 
 
 @pytest.fixture(scope="session")

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
-from urllib.parse import urlsplit
 
 import pytest
 import redis
 
 import shardkit
 import shardkit.aio
-from backends import CACHE_URLS, CLUSTER, NEVER, PREFIX, REDIS, Target, cache_url_of, require
+from backends import CACHE_URLS, CLUSTER, NEVER, PREFIX, Target, cache_url_of, require
 from servers import Cutter
 from shardkit._redis import INCR_ONCE
 from shardkit.counters.buffered import _FULL, pointer_keys
@@ -164,22 +162,12 @@ def test_memcached_refuses_a_keyed_increment_before_writing_anything(
         assert len(kit.store.generations([name])[name]) == 1  # the unkeyed increment's
 
 
-@pytest.fixture
-def cut_redis() -> Iterator[tuple[Cutter, str]]:
-    """A cutting proxy in front of the tests' Redis, and the URL of its database there."""
-    require(REDIS)
-    where = urlsplit(REDIS)
-    proxy = Cutter(where.hostname or "127.0.0.1", where.port or 6379)
-    yield proxy, where._replace(netloc=f"127.0.0.1:{proxy.port}").geturl()
-    proxy.close()
-
-
 def test_a_keyed_increment_whose_reply_was_lost_counts_once_when_retried(
-    cut_redis: tuple[Cutter, str], sqlite_url: str, name: str
+    cutter: tuple[Cutter, str], sqlite_url: str, name: str
 ) -> None:
     """The cache applied the increment and its reply was lost: the call raises, and its
     retry with the key finds it counted (sync and async kits alike)."""
-    proxy, url = cut_redis
+    proxy, url = cutter
     with shardkit.connect(sqlite_url, url, prefix=PREFIX) as kit:
         hits = kit.buffered(name, interval=NEVER)
         assert hits.incr(1, key="seen")

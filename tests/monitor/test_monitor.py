@@ -269,6 +269,16 @@ def test_a_scrape_serves_the_last_reading_while_the_store_is_silent(name: str) -
     assert sample(after, "shardkit_value", counter=name, kind="sharded") == 5
 
 
+@pytest.fixture
+def multiprocess_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """``tmp_path`` as ``$PROMETHEUS_MULTIPROC_DIR`` here, for the test's exporter, and
+    the environment of the processes it starts, which record there (outside Django)."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    env = {**os.environ}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    return env
+
+
 @pytest.mark.slow
 def test_a_prefork_servers_processes_are_summed(sqlite_url: str, name: str, tmp_path: Path) -> None:
     """Under $PROMETHEUS_MULTIPROC_DIR, forked workers' writes are summed by the
@@ -295,14 +305,12 @@ def test_a_prefork_servers_processes_are_summed(sqlite_url: str, name: str, tmp_
 
 
 def test_the_live_gauges_of_killed_processes_leave_the_sum(
-    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, tmp_path: Path, multiprocess_env: dict[str, str]
 ) -> None:
     """Two processes each visit a range of a job of their own; one is SIGKILLed (no
     ``mark_process_dead``, not reaped): once it has ended its range is no longer running,
     the survivor's still is."""
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    env = multiprocess_env
     engine = sa.create_engine(sqlite_url)
     with contextlib.ExitStack() as stack:
         table = stack.enter_context(numbered_table(engine, "live", 50))
@@ -331,7 +339,7 @@ def test_the_live_gauges_of_killed_processes_leave_the_sum(
 
 
 def test_jobs_a_process_ran_leave_the_exposition_not_the_processs_file(
-    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, tmp_path: Path, multiprocess_env: dict[str, str]
 ) -> None:
     """Under $PROMETHEUS_MULTIPROC_DIR a process that ran five jobs to completion and
     runs a sixth: only the sixth has a ``shardkit_job_ranges_running`` series, as without
@@ -339,9 +347,7 @@ def test_jobs_a_process_ran_leave_the_exposition_not_the_processs_file(
     of the six (prometheus_client cannot remove one) until the process has ended."""
     from prometheus_client.mmap_dict import MmapedDict
 
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    env = multiprocess_env
     engine = sa.create_engine(sqlite_url)
     with contextlib.ExitStack() as stack:
         table = stack.enter_context(numbered_table(engine, "ran", 30))
@@ -383,7 +389,7 @@ def test_jobs_a_process_ran_leave_the_exposition_not_the_processs_file(
 
 
 def test_a_process_of_another_pid_namespace_is_judged_by_its_pid_here(
-    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, tmp_path: Path, multiprocess_env: dict[str, str]
 ) -> None:
     """The stated limit (the operating page: the processes must share the endpoint's pid
     namespace): a process in a pid namespace of its own is pid 1 there, and its files
@@ -394,9 +400,7 @@ def test_a_process_of_another_pid_namespace_is_judged_by_its_pid_here(
         if CI:
             pytest.fail(f"required in CI: {reason}")
         pytest.skip(reason)
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    env = multiprocess_env
     engine = sa.create_engine(sqlite_url)
     with contextlib.ExitStack() as stack:
         table = stack.enter_context(numbered_table(engine, "namespaced", 50))

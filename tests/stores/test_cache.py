@@ -251,16 +251,6 @@ def test_a_value_that_is_not_a_number_is_a_backend_error(kind: str, key: str) ->
 REDIS_DB = int(urlsplit(REDIS).path.strip("/") or 0)
 
 
-@pytest.fixture
-def cutter() -> Iterator[tuple[Cutter, str]]:
-    """A cutting proxy in front of the tests' Redis, and the URL of its database there."""
-    require(REDIS)
-    where = urlsplit(REDIS)
-    proxy = Cutter(where.hostname or "127.0.0.1", where.port or 6379)
-    yield proxy, where._replace(netloc=f"127.0.0.1:{proxy.port}").geturl()
-    proxy.close()
-
-
 @pytest.mark.parametrize("given", ["url", "client"])
 def test_an_increment_whose_reply_is_lost_raises_and_counted_once(
     cutter: tuple[Cutter, str], key: str, given: str

@@ -425,10 +425,15 @@ class RedisClusterServers:
         return [n for n in self.alive() if n.info("INFO replication").get("role") == "master"]
 
     def healthy(self) -> bool:
-        """Every live node sees the cluster ok, with ``masters`` primaries; when every
-        node is alive, each primary has its replicas connected."""
+        """Every live node sees the cluster ok, with ``masters`` primaries, and gives
+        every slot to a live node (a node that has not yet heard of a failover is ok but
+        still names the dead primary); when every node is alive, each primary has its
+        replicas connected."""
         nodes = self.alive()
         if not all(n.info("CLUSTER INFO").get("cluster_state") == "ok" for n in nodes):
+            return False
+        live = {f"{n.address}:{n.port}" for n in nodes}
+        if not all(self._serving(n) <= live for n in nodes):
             return False
         primaries = self.primaries()
         if len(primaries) != self.masters:
@@ -437,6 +442,21 @@ class RedisClusterServers:
             return True
         replicated = (int(n.info("INFO replication").get("connected_slaves", 0)) for n in primaries)
         return all(count >= self.replicas for count in replicated)
+
+    @staticmethod
+    def _serving(node: ClusterNode) -> set[str]:
+        """The addresses of the nodes ``node`` gives slots to (none if it does not
+        answer)."""
+        client = node.client()
+        try:
+            ranges = client.execute_command("CLUSTER", "SLOTS")
+        except redis.RedisError:
+            return {"?"}
+        finally:
+            client.close()
+        if isinstance(ranges, dict):  # parsed by redis-py: {(start, end): {"primary": ...}}
+            return {f"{r['primary'][0]}:{r['primary'][1]}" for r in ranges.values()}
+        return {f"{r[2][0].decode()}:{r[2][1]}" for r in ranges}
 
     def wait_healthy(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
