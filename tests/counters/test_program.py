@@ -288,7 +288,8 @@ def test_playing_declares_an_async_backend_as_its_role_and_checks_it(
 def test_a_role_made_at_run_time_has_its_public_methods_and_call() -> None:
     """``role`` marks the public methods and ``__call__`` (not private ones, nor other
     attributes); programs call them with positional and keyword arguments alike, and a
-    ``Roles`` field named as the role checks its backend for each of them."""
+    ``Roles`` field named as the role, and ``playing``, check a backend for each of
+    them."""
 
     @role("teller")
     class Teller:
@@ -334,6 +335,10 @@ def test_a_role_made_at_run_time_has_its_public_methods_and_call() -> None:
         Telling(NoCall(), object())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="it has no tell"):
         Telling(NoTell(), object())  # type: ignore[arg-type]
+    teller = Teller()
+    assert playing(teller, Teller) is teller  # an async backend declared as the role
+    with pytest.raises(TypeError, match="it has no tell"):
+        playing(NoTell(), Teller)
 
 
 def test_forms_made_at_run_time_hold_every_rule_they_inherit() -> None:
