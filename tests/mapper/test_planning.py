@@ -64,6 +64,18 @@ def page(conn: sa.Connection, source: TableSource, rng: KeyRange, size: int) -> 
     return list(source.page(conn, rng, None, size))
 
 
+def plan_after(
+    conn: sa.Connection,
+    source: TableSource,
+    row: RangeRow,
+    rows: list[Any],
+    last: Any,
+    statistics: Statistics,
+) -> Any:
+    """What a planner with every other worker busy plans for ``row`` after ``rows``."""
+    return Planner(Elsewhere()).plan(conn, spec_of(source), row, rows, last, statistics)  # type: ignore[arg-type]
+
+
 # --- the arithmetic ---------------------------------------------------------------------
 
 
@@ -218,7 +230,7 @@ def test_a_short_page_ends_the_range(table: tuple[sa.Connection, TableSource]) -
     conn, source = table
     row = range_row(KeyRange(995, None), depth=1, planned=7)
     rows = page(conn, source, row.range, 10)
-    assert Planner(Elsewhere()).plan(conn, spec_of(source), row, rows, 999, STATS) == ([], 7)  # type: ignore[arg-type]
+    assert plan_after(conn, source, row, rows, 999, STATS) == ([], 7)
 
 
 def test_a_fanout_of_one_goes_on_in_place(table: tuple[sa.Connection, TableSource]) -> None:
@@ -268,7 +280,7 @@ def test_a_range_within_its_leaf_goes_on_in_place_planned_at_what_is_left(
     conn, source = table
     row = range_row(KeyRange(500, 600), depth=1, visited=40, planned=100)
     rows = page(conn, source, KeyRange(540, 600), 10)
-    plan = Planner(Elsewhere()).plan(conn, spec_of(source), row, rows, 549, Statistics(1000))  # type: ignore[arg-type]
+    plan = plan_after(conn, source, row, rows, 549, Statistics(1000))
     assert plan == (None, 100)  # 50 left of its plan: within a leaf of 62
 
 
@@ -278,7 +290,7 @@ def test_a_small_range_past_its_plan_goes_on_planned_at_its_estimate(
     conn, source = table
     row = range_row(KeyRange(500, 560), depth=1, visited=40, planned=50)
     rows = page(conn, source, KeyRange(540, 560), 10)
-    plan = Planner(Elsewhere()).plan(conn, spec_of(source), row, rows, 549, Statistics(1000))  # type: ignore[arg-type]
+    plan = plan_after(conn, source, row, rows, 549, Statistics(1000))
     # Past its plan: 10 keys a page over 9 of key space, 10 more up to 559: 11 rows.
     assert plan == (None, 61)
 
@@ -292,7 +304,7 @@ def test_a_range_with_no_room_for_a_cut_goes_on_at_its_estimate(
     # The histogram puts half a million rows past the page (a bound, 10, of 2 buckets):
     # more than a leaf, but only the keys 10 and 11 are left, with no room between.
     stats = Statistics(10**6, [0, 10, 20])
-    plan = Planner(Elsewhere()).plan(conn, spec_of(source), row, rows, 9, stats)  # type: ignore[arg-type]
+    plan = plan_after(conn, source, row, rows, 9, stats)
     assert plan == (None, 10 + 500_000)
 
 
@@ -314,7 +326,7 @@ def test_a_range_with_a_leaf_or_less_of_its_plan_left_goes_on_in_place(
     rows = page(conn, source, KeyRange(570, 585), 10)
     # No statistics: a leaf is fanout pages, 40 rows; the keys left (580 … 584) would
     # plan fewer.
-    plan = Planner(Elsewhere()).plan(conn, spec_of(source), row, rows, 579, Statistics(None))  # type: ignore[arg-type]
+    plan = plan_after(conn, source, row, rows, 579, Statistics(None))
     assert plan == (None, 80 + left)
 
 
@@ -326,7 +338,7 @@ def test_a_full_page_ending_its_range_within_its_plan_goes_on_in_place(
     rows = page(conn, source, KeyRange(570, 580), 10)
     # One row left of the plan, none of the range: in place, as planned (the next page,
     # empty, ends it).
-    plan = Planner(Elsewhere()).plan(conn, spec_of(source), row, rows, 579, Statistics(None))  # type: ignore[arg-type]
+    plan = plan_after(conn, source, row, rows, 579, Statistics(None))
     assert plan == (None, 81)
 
 
@@ -337,7 +349,7 @@ def test_a_range_past_its_plan_with_a_leaf_left_goes_on_in_place(
     row = range_row(KeyRange(500, 546), depth=1, visited=50, planned=50)
     rows = page(conn, source, row.range, 10)
     # Keys 500 … 509 on the page, 36 more of key space up to 545: 4 pages, 40 rows, a leaf.
-    plan = Planner(Elsewhere()).plan(conn, spec_of(source), row, rows, 509, Statistics(None))  # type: ignore[arg-type]
+    plan = plan_after(conn, source, row, rows, 509, Statistics(None))
     assert plan == (None, 100)
 
 
@@ -349,7 +361,7 @@ def test_a_range_past_its_plan_splits_into_the_leaves_its_estimate_holds(
     rows = page(conn, source, row.range, 10)
     # 90 of key space up to 599: 10 pages, 100 rows; leaves of 40: 3 children, cut at a
     # third and two thirds of 510 … 599.
-    plan = Planner(Elsewhere()).plan(conn, spec_of(source), row, rows, 509, Statistics(None))  # type: ignore[arg-type]
+    plan = plan_after(conn, source, row, rows, 509, Statistics(None))
     assert plan == (
         [
             Child(KeyRange(500, 539), 509, 34),
@@ -387,7 +399,7 @@ def test_a_leaf_is_a_whole_number_of_rows() -> None:
         source = TableSource(reals, "k")
         rows = page(conn, source, KeyRange(), 10)
         row = range_row(depth=1)  # no plan, no histogram: nothing tells what is left
-        plan = Planner(Elsewhere()).plan(conn, spec_of(source), row, rows, 4.5, Statistics(1001))  # type: ignore[arg-type]
+        plan = plan_after(conn, source, row, rows, 4.5, Statistics(1001))
     engine.dispose()
     # Leaves of 62 rows (1,001 over fanout**2, rounded down): fanout of them.
     assert plan == (None, 10 + 4 * 62)
