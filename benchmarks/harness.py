@@ -1,20 +1,26 @@
 """What the benchmarks share: their writer processes (``Crew``: start N spawned writers
 once, release them together for each timed phase, collect their acknowledged counts), a
 crew per writer count running every mode in turn (``run_grid``), medians and ratios of
-rates."""
+rates, the check of ids handed out by many writers (``Tally``, ``Reports``), and the
+deletion of a run's Redis keys. Standard library and Rich only: ``compare.py`` runs it in
+the environments of old revisions too."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
+import os
 import queue
 import statistics
 import threading
 import time
 import traceback
+import uuid
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from rich.console import Console
@@ -241,3 +247,81 @@ def ratio(cells: Mapping[tuple[int, str], Rated], writers: int, mode: str, base:
 def median_phase(phases: list[Phase]) -> float:
     """The median rate of repeated phases."""
     return statistics.median(phase.rate for phase in phases)
+
+
+class Tally:
+    """The ids one writer was handed, as runs of consecutive ids: one run per block
+    with a cache of its own, about one per id when processes share a block."""
+
+    def __init__(self, take: Callable[[], int]) -> None:
+        self.runs: list[tuple[int, int]] = []
+        self.backwards = 0
+        start, last = 1, 0
+        runs = self.runs
+
+        def op() -> int:
+            nonlocal start, last
+            i = take()
+            if i != last + 1:
+                if i <= last:
+                    self.backwards += 1
+                if last:
+                    runs.append((start, last))
+                start = i
+            last = i
+            return i
+
+        def close() -> None:
+            if last:
+                runs.append((start, last))
+
+        self.op = op
+        self.close = close
+
+    def report(self, folder: Path) -> None:
+        """Leave the runs in a file of their own in ``folder``, for ``Reports.collect``
+        (call ``close`` first)."""
+        report = folder / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
+        report.write_text(json.dumps({"runs": self.runs, "backwards": self.backwards}))
+
+
+@dataclass
+class Reports:
+    """What an allocator mode's writers reported, over all of its phases."""
+
+    handed: list[tuple[int, int]] = field(default_factory=list)
+    """Every id handed out so far, as disjoint, sorted, non-adjacent ranges."""
+    doubled: int = 0
+    """Ids handed out more than once."""
+    backwards: int = 0
+    """Times a writer was handed an id not above its previous one."""
+
+    def collect(self, folder: Path) -> tuple[int, int]:
+        """Take in and remove the writers' reports of a phase: the number of ids they
+        were handed and the largest of them."""
+        runs: list[tuple[int, int]] = []
+        for report in folder.glob("*.json"):
+            got = json.loads(report.read_text())
+            runs.extend((int(a), int(b)) for a, b in got["runs"])
+            self.backwards += int(got["backwards"])
+            report.unlink()
+        merged: list[tuple[int, int]] = []
+        for a, b in sorted([*self.handed, *runs]):
+            if merged and a <= merged[-1][1] + 1:
+                low, high = merged[-1]
+                if a <= high:
+                    self.doubled += min(b, high) - a + 1
+                merged[-1] = (low, max(b, high))
+            else:
+                merged.append((a, b))
+        self.handed = merged
+        taken = sum(b - a + 1 for a, b in runs)
+        return taken, max((b for _, b in runs), default=0)
+
+
+def forget_redis_keys(client: Any, namespace: str, *keys: str) -> None:
+    """Delete this run's Redis keys: the kit's namespace (buffered counters' sums and
+    generation pointer, flush claims, the sharded counter's ticket) and ``keys``."""
+    doomed = [*keys, *client.scan_iter(match=f"{namespace}*", count=1000)]
+    for start in range(0, len(doomed), 500):
+        client.delete(*doomed[start : start + 500])

@@ -43,7 +43,7 @@ from rich.console import Console
 from rich.table import Table
 
 import shardkit
-from harness import Crew, Op, Phase, Setup, median_phase, ratio, run_grid
+from harness import Crew, Op, Phase, Setup, forget_redis_keys, median_phase, ratio, run_grid
 from shardkit import metrics
 from shardkit.store.sql import SqlStore, engine_from_url, unprepare_behind_pooler
 
@@ -508,14 +508,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     console.print("[red]a total differed from the acknowledged writes[/]")
     return 1
-
-
-def forget_redis_keys(client: Any, namespace: str, *keys: str) -> None:
-    """Delete this run's Redis keys: the kit's namespace (buffered counters' sums and
-    generation pointer, flush claims, the sharded counter's ticket) and ``keys``."""
-    doomed = [*keys, *client.scan_iter(match=f"{namespace}*", count=1000)]
-    for start in range(0, len(doomed), 500):
-        client.delete(*doomed[start : start + 500])
 
 
 def results_table(

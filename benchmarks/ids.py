@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import os
 import statistics
 import sys
 import tempfile
@@ -37,12 +35,22 @@ import sqlalchemy as sa
 from rich.table import Table
 
 import shardkit
-from harness import Crew, Op, Phase, Setup, median_phase, ratio, run_grid
+from harness import (
+    Crew,
+    Op,
+    Phase,
+    Reports,
+    Setup,
+    Tally,
+    forget_redis_keys,
+    median_phase,
+    ratio,
+    run_grid,
+)
 from hot_counter import (
     REDIS_SCHEMES,
     _redis_client,
     choose_modes,
-    forget_redis_keys,
     raw_connect,
     report_console,
 )
@@ -106,36 +114,6 @@ def raw_update_returning(target: RawTarget) -> Iterator[Op]:
         conn.close()
 
 
-class Tally:
-    """The ids one writer was handed, as runs of consecutive ids: one run per block
-    with a cache of its own, about one per id when processes share a block."""
-
-    def __init__(self, take: Callable[[], int]) -> None:
-        self.runs: list[tuple[int, int]] = []
-        self.backwards = 0
-        start, last = 1, 0
-        runs = self.runs
-
-        def op() -> int:
-            nonlocal start, last
-            i = take()
-            if i != last + 1:
-                if i <= last:
-                    self.backwards += 1
-                if last:
-                    runs.append((start, last))
-                start = i
-            last = i
-            return i
-
-        def close() -> None:
-            if last:
-                runs.append((start, last))
-
-        self.op = op
-        self.close = close
-
-
 @contextlib.contextmanager
 def ids_writer(target: IdsTarget) -> Iterator[Op]:
     """``kit.ids(name, block).next()``, recording the ids; both backends are reached by
@@ -144,42 +122,7 @@ def ids_writer(target: IdsTarget) -> Iterator[Op]:
         tally = Tally(kit.ids(target.name, block=target.block).next)
         yield tally.op
     tally.close()
-    report = Path(target.report_dir) / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
-    report.write_text(json.dumps({"runs": tally.runs, "backwards": tally.backwards}))
-
-
-@dataclass
-class Reports:
-    """What an allocator mode's writers reported, over all of its phases."""
-
-    handed: list[tuple[int, int]] = field(default_factory=list)
-    """Every id handed out so far, as disjoint, sorted, non-adjacent ranges."""
-    doubled: int = 0
-    """Ids handed out more than once."""
-    backwards: int = 0
-    """Times a writer was handed an id not above its previous one."""
-
-    def collect(self, folder: Path) -> tuple[int, int]:
-        """Take in and remove the writers' reports of a phase: the number of ids they
-        were handed and the largest of them."""
-        runs: list[tuple[int, int]] = []
-        for report in folder.glob("*.json"):
-            got = json.loads(report.read_text())
-            runs.extend((int(a), int(b)) for a, b in got["runs"])
-            self.backwards += int(got["backwards"])
-            report.unlink()
-        merged: list[tuple[int, int]] = []
-        for a, b in sorted([*self.handed, *runs]):
-            if merged and a <= merged[-1][1] + 1:
-                low, high = merged[-1]
-                if a <= high:
-                    self.doubled += min(b, high) - a + 1
-                merged[-1] = (low, max(b, high))
-            else:
-                merged.append((a, b))
-        self.handed = merged
-        taken = sum(b - a + 1 for a, b in runs)
-        return taken, max((b for _, b in runs), default=0)
+    tally.report(Path(target.report_dir))
 
 
 @dataclass

@@ -45,7 +45,8 @@ import sqlalchemy as sa
 from rich.table import Table
 
 import shardkit
-from hot_counter import _redis_client, forget_redis_keys, report_console
+from harness import forget_redis_keys
+from hot_counter import _redis_client, report_console
 from shardkit import _fork
 from shardkit.cache.memory import MemoryCache
 from shardkit.counters.buffered import pointer_keys
