@@ -3,10 +3,13 @@ short of a path on purpose, each side installed and run as the command does it."
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -109,3 +112,63 @@ def test_a_slower_path_and_a_wrong_count_fail_the_comparison(tmp_path: Path) -> 
     assert checked == "✓"
     assert row_of(result, "buffered")[-1] == "✗"
     assert row_of(result, "ids")[-1] == "missing at B"
+
+
+@functools.cache
+def compare_module() -> ModuleType:
+    """``benchmarks/compare.py`` imported as a module (it imports no shardkit)."""
+    spec = importlib.util.spec_from_file_location("compare", ROOT / "benchmarks" / "compare.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["compare"] = module  # where its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_path_runs_its_pair_of_rounds_in_turn_a_b_then_b_a() -> None:
+    compare = compare_module()
+    assert list(compare.schedule(["x", "y", "z"], 3)) == [
+        (0, "x", "AB"),
+        (0, "y", "AB"),
+        (0, "z", "AB"),
+        (1, "y", "BA"),
+        (1, "z", "BA"),
+        (1, "x", "BA"),
+        (2, "z", "AB"),
+        (2, "x", "AB"),
+        (2, "y", "AB"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("by", "b_rates", "b_cpu", "slower"),
+    [
+        # B ÷ A by round: 0.80, 0.95, 0.88: the median, 0.88, is 12% slower.
+        ("rate", [80.0, 95.0, 88.0], [1.0, 1.0, 1.0], "SLOWER p: 12% slower at B (bbbbbbb)"),
+        ("rate", [80.0, 95.0, 91.0], [1.0, 1.0, 1.0], None),  # 9% slower: within 10%
+        ("rate", [120.0, 125.0, 130.0], [2.0, 2.0, 2.0], None),  # faster, though costlier
+        ("cpu", [120.0, 125.0, 130.0], [1.2, 1.1, 1.3], "SLOWER p: 20% more CPU per operation"),
+        ("cpu", [80.0, 80.0, 80.0], [1.05, 1.1, 1.0], None),
+    ],
+)
+def test_a_path_is_slower_by_the_median_of_its_rounds_ratios(
+    by: str, b_rates: list[float], b_cpu: list[float], slower: str | None
+) -> None:
+    """B ÷ A is the median of each round's B over A; past the threshold (10%), the path
+    is named and the run fails."""
+    compare = compare_module()
+    result = compare.Result()
+    for number in range(3):
+        result.sides["A"].rates[number], result.sides["A"].cpu[number] = 100.0, 1.0
+        result.sides["B"].rates[number] = b_rates[number]
+        result.sides["B"].cpu[number] = b_cpu[number]
+    args = compare.parse_args(["a", "b", "--by", by])
+    b = compare.Revision("B", "b", "b" * 40, "2026-12-03", "")
+    verdict = compare.judge({"p": result}, args, b)
+    if slower is None:
+        assert verdict == compare.Verdict([], failed=False)
+    else:
+        (line,) = verdict.lines
+        assert line.startswith(slower), line
+        assert verdict.failed
