@@ -323,6 +323,12 @@ def rows(results: dict[str, Result]) -> Iterator[list[str]]:
 HEADERS = ["path", "A /s", "B /s", "B ÷ A", "A µs CPU/op", "B µs CPU/op", "B ÷ A CPU", "checked"]
 
 
+def shown_path(name: str) -> str:
+    """``name`` relative to the repository when it lies in it."""
+    path = Path(name).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def uptime() -> str:
     """``uptime``'s line, or the load averages where it is missing."""
     found = shutil.which("uptime")
@@ -351,7 +357,7 @@ def markdown(
         *(f"- {r.label}: `{r.commit}` ({r.day}, {r.given}): {r.subject}" for r in revisions),
         f"- Each revision in a virtual environment of its own: Python {notes['python']}, "
         f"`shardkit[{args.extras}]` from the commit's tree, dependencies pinned by "
-        f"`{args.constraints or 'nothing'}`; a PostgreSQL database of its own on "
+        f"`{notes['constraints']}`; a PostgreSQL database of its own on "
         f"`{notes['store']}`, its own keys in `{args.cache}`.",
         f"- {args.writers} writer processes (the counters, ids, the Django update), "
         f"{args.seconds:g} s a round; `kit.map` over {args.rows:,} rows; {args.rounds} rounds, "
@@ -372,16 +378,16 @@ def markdown(
         "",
         f"Each round, {day} ({a.short} A, {b.short} B), in the order run:",
         "",
-        "| round | path | order | A /s | B /s | B ÷ A |",
-        "| --: | --- | --- | --: | --: | --: |",
+        "| round | path | order | A /s | B /s | B ÷ A | A µs CPU/op | B µs CPU/op |",
+        "| --: | --- | --- | --: | --: | --: | --: | --: |",
     ]
     for number, path, order in rounds:
-        sides = results[path].sides
-        a_rates, b_rates = sides["A"].rates, sides["B"].rates
-        if number in a_rates and number in b_rates:
-            ra, rb = a_rates[number], b_rates[number]
+        side_a, side_b = results[path].sides["A"], results[path].sides["B"]
+        if number in side_a.rates and number in side_b.rates:
+            ra, rb = side_a.rates[number], side_b.rates[number]
             out.append(
-                f"| {number + 1} | {path} | {order} | {ra:,.0f} | {rb:,.0f} | {rb / ra:.2f} |"
+                f"| {number + 1} | {path} | {order} | {ra:,.0f} | {rb:,.0f} | {rb / ra:.2f} "
+                f"| {side_a.cpu[number] * 1e6:,.0f} | {side_b.cpu[number] * 1e6:,.0f} |"
             )
     return "\n".join(out) + "\n"
 
@@ -490,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": sys.version.split()[0],
         "store": sa.make_url(args.store).render_as_string(),
         "command": " ".join(sys.argv[1:] if argv is None else argv),
+        "constraints": shown_path(args.constraints) if args.constraints else "nothing",
     }
     with console.status("the revisions' environments…"), ThreadPoolExecutor(2) as pool:
         made = {r.commit: pool.submit(environment, repo, r, args) for r in revisions}

@@ -147,6 +147,12 @@ def django_writer(target: Target) -> Iterator[Op]:
     yield lambda: model.objects.filter(pk=hot).update(views=F("views") + 1)
 
 
+@contextlib.contextmanager
+def idle(_: None) -> Iterator[Op]:
+    """Nothing to write: a phase of it waits until every writer process is up."""
+    yield lambda: None
+
+
 def add_one(batch: Any) -> None:
     """The mapping job's ``fn``: one ``UPDATE`` of the page's rows in its transaction."""
     ids = [record[0] for record in batch.records]
@@ -305,10 +311,12 @@ class Revision:
         return Mapping(self.kit, engine, table, self.args.rows)
 
     def start_crew(self) -> None:
-        """Start the writer processes if a path needs them and none are running (they
-        import and connect while the other revision prepares)."""
+        """Start the writer processes if a path needs them and none are running, and wait
+        until every one has started (``compare.py`` has both revisions' start at once,
+        and none still starting when the first round runs)."""
         if self.crew is None and any(not isinstance(p, Mapping) for p in self.paths.values()):
             self.crew = Crew(self.args.writers)
+            self.crew.run(idle, None, 0.0)
 
     def run(self, path: str, seconds: float) -> Outcome:
         runner = self.paths[path]
