@@ -459,6 +459,8 @@ def measure(
         for revision in revisions:
             with console.status(f"preparing {revision.label} ({revision.short})…"):
                 answer = drivers[revision.label].receive()
+            if "error" in answer:
+                raise DriverDied(f"{revision.label} could not start: {answer['error']}")
             console.print(
                 f"{revision.label}: {revision.short} ({revision.day}) shardkit "
                 f"{answer['version']}, {answer['file']}"

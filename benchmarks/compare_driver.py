@@ -53,6 +53,9 @@ TABLE = "cmp_accounts"
 MISSING = (ImportError, AttributeError, TypeError)
 """What using an API that a revision lacks raises."""
 JOB_TIMEOUT = 600.0
+STARTING = 900.0
+"""Seconds the writer processes may take to start: 16 of each revision importing at once
+on a shared 2-core machine have taken over 120."""
 
 Outcome = dict[str, Any]
 
@@ -200,7 +203,7 @@ class Ids:
 
 
 @dataclass
-class Mapping:
+class MapPath:
     """One transactional mapping job over the table, in this process: rows per second of
     wall time, this process's CPU per row, every row visited exactly once."""
 
@@ -210,7 +213,7 @@ class Mapping:
     rows: int
     jobs: int = 0
 
-    def run(self, crew: Crew | None, seconds: float) -> Outcome:
+    def run(self) -> Outcome:
         began, cpu = time.monotonic(), time.process_time()
         self.kit.map(self.table, add_one, transactional=True).wait(timeout=JOB_TIMEOUT)
         elapsed, spent = time.monotonic() - began, time.process_time() - cpu
@@ -244,14 +247,14 @@ class Revision:
         self.stack = stack
         self.kit = stack.enter_context(shardkit.connect(args.store, args.cache, prefix=PREFIX))
         self.namespaces = [self.kit.namespace]
-        self.paths: dict[str, Counted | Ids | Mapping] = {}
+        self.paths: dict[str, Counted | Ids | MapPath] = {}
         self.crew: Crew | None = None
         self.scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cmp-ids-")))
 
     def target(self, name: str, **more: Any) -> Target:
         return Target(self.args.store, self.args.cache, name, **more)
 
-    def prepare(self, path: str) -> Counted | Ids | Mapping:
+    def prepare(self, path: str) -> Counted | Ids | MapPath:
         if path == "sharded":
             sharded = self.kit.sharded("hot-sharded", shards=SHARDS)
             return Counted(
@@ -291,7 +294,7 @@ class Revision:
             django_writer, target, lambda: int(model.objects.get(pk=hot).views.value(fresh=True))
         )
 
-    def prepare_map(self) -> Mapping:
+    def prepare_map(self) -> MapPath:
         engine = sa.create_engine(self.args.store)
         self.stack.callback(engine.dispose)
         table = sa.Table(
@@ -308,20 +311,20 @@ class Revision:
             )
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(sa.text(f"VACUUM ANALYZE {TABLE}"))  # the statistics kit.map plans by
-        return Mapping(self.kit, engine, table, self.args.rows)
+        return MapPath(self.kit, engine, table, self.args.rows)
 
     def start_crew(self) -> None:
         """Start the writer processes if a path needs them and none are running, and wait
         until every one has started (``compare.py`` has both revisions' start at once,
         and none still starting when the first round runs)."""
-        if self.crew is None and any(not isinstance(p, Mapping) for p in self.paths.values()):
+        if self.crew is None and any(not isinstance(p, MapPath) for p in self.paths.values()):
             self.crew = Crew(self.args.writers)
-            self.crew.run(idle, None, 0.0)
+            self.crew.run(idle, None, 0.0, ready=STARTING)
 
     def run(self, path: str, seconds: float) -> Outcome:
         runner = self.paths[path]
-        if isinstance(runner, Mapping):
-            return runner.run(None, seconds)
+        if isinstance(runner, MapPath):
+            return runner.run()
         self.start_crew()
         assert self.crew is not None
         try:

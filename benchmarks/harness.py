@@ -154,16 +154,25 @@ class Crew:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def run(self, setup: Setup[T], arg: T, seconds: float, *, shared: bool = True) -> Phase:
+    def run(
+        self,
+        setup: Setup[T],
+        arg: T,
+        seconds: float,
+        *,
+        shared: bool = True,
+        ready: float = _READY_TIMEOUT,
+    ) -> Phase:
         """Every writer's threads repeat ``setup(arg)``'s write for ``seconds``, all
         starting at once: one setup per writer, its write shared by its threads
-        (``shared``), or one setup per thread."""
+        (``shared``), or one setup per thread. A writer not set up within ``ready``
+        seconds (its process started and connected) fails the phase."""
         if self._broken:
             raise RuntimeError("the crew is broken by an earlier failure")
         self._start.clear()  # every writer has reported: none is waiting on it
         for tasks in self._tasks:
             tasks.put((setup, arg, seconds, self.threads, shared))
-        self._collect("ready", _READY_TIMEOUT)
+        self._collect("ready", ready)
         self._start.set()
         done = self._collect("done", seconds + _READY_TIMEOUT)
         return Phase(
