@@ -110,9 +110,7 @@ class ShardedCore(CounterCore):
         options = self._options
         if key is not None:
             check_name(key, "idempotency key")
-        applied = yield from call(Writes.__call__, (delta, key))
-        if isinstance(applied, ShardkitError):
-            raise applied
+        applied = outcome((yield from call(Writes.__call__, (delta, key))))
         if key is not None and options.random() < _PURGE_CHANCE:
             yield from call(Store.purge_keys, time.time() - options.key_retention)
         return applied
@@ -135,7 +133,9 @@ class ShardedCore(CounterCore):
         ticket = held_ticket(self._local)
         if ticket is None:
             ticket = yield from take_ticket(self._options, self._ticket_key, self._local)
-        shard = ticket % (yield from ShardedCore.writing_shards.program(self))
+        if self._look_due(_SHARDS_REFRESH):  # as writing_shards, inline: the hot path
+            yield from self._refresh_shards()
+        shard = ticket % self._shards
         sized = self._sizing is not None  # an automatic counter times its writes
         started = time.perf_counter() if sized else 0.0
         applied = yield from call(Store.add_many, self.name, shard, writes)
@@ -143,7 +143,7 @@ class ShardedCore(CounterCore):
             # Its writers: the process, its writes combined; else each thread, on its shard.
             writer = None if self.roles.store.combinable else ticket
             yield from ShardedCore.wrote.program(self, time.perf_counter() - started, writer)
-        moved = sum(delta for (delta, _), ok in zip(writes, applied, strict=True) if ok)
+        moved = sum([delta for (delta, _), ok in zip(writes, applied, strict=True) if ok])
         if moved:
             yield from call(Adjusting.add, self._value_key, moved)
         return list(applied)
@@ -321,6 +321,20 @@ class ShardedCounter(ShardedCore, Blocking):
     def _write_now(self, writes: Sequence[Write]) -> list[bool | ShardkitError]:
         return self._carry_out(self._write(writes))
 
+    def incr(self, delta: int = 1, *, key: str | None = None) -> bool:
+        """Add ``delta`` (an int within signed 64-bit, may be negative).
+
+        Returns True when applied, False when ``key`` had been applied already.
+        """
+        if key is not None:
+            return self._carry_out(ShardedCore.incr.program(self, delta, key=key))
+        # ``ShardedCore.incr`` without a key is one step, the write: made here with no
+        # program run around it (the hot path), with the same outcome and metrics.
+        return metrics.timed_call(self.kind, self._write_unkeyed, check_delta(delta))
+
+    def _write_unkeyed(self, delta: int) -> bool:
+        return outcome(self.roles.writes((delta, None)))
+
     @property
     def shards(self) -> int:
         """The current shard count, read from the store: ``read_shards()``, which is the
@@ -334,6 +348,13 @@ class ShardedCounter(ShardedCore, Blocking):
         sizing = self._timed(seconds, writer)
         if sizing is not None:
             self._carry_out(sizing)
+
+
+def outcome(write: bool | ShardkitError) -> bool:
+    """Whether a write (``Writes``' result) applied; its error raised."""
+    if isinstance(write, ShardkitError):
+        raise write
+    return write
 
 
 def value_key(options: Options, name: str) -> str:

@@ -284,9 +284,16 @@ class SqlCore(Tables):
     ) -> Program[list[bool]]:
         """See ``Store.add_many``."""
         unkeyed = self._unkeyed(name, shard, writes)
-        if unkeyed is not None:
-            yield from call(Sql.fast_add, unkeyed)
-            return [True] * len(writes)
+        if unkeyed is None:
+            return (yield from self._add_keyed(name, shard, writes))
+        yield from call(Sql.fast_add, unkeyed)
+        return [True] * len(writes)
+
+    def _add_keyed(
+        self, name: str, shard: int, writes: Sequence[tuple[int, str | None]]
+    ) -> Program[list[bool]]:
+        """``add_many`` of ``writes`` of which some have keys: one transaction recording
+        the keys new to the store and adding the writes they guard, and those without."""
         keyed = [key for _, key in writes if key is not None]
 
         def work(conn: Connection) -> list[bool]:
@@ -318,12 +325,14 @@ class SqlCore(Tables):
     ) -> dict[str, Any] | None:
         """The parameters of the one upsert that makes ``writes`` when none has a key
         (None when one has). ``InvalidDelta`` if their sum could leave signed 64-bit."""
-        deltas = [delta for delta, _ in writes]
+        deltas = []
+        keyed = False
+        for delta, key in writes:
+            deltas.append(delta)
+            keyed = keyed or key is not None
         if not sums_fit(deltas):
             raise InvalidDelta(f"{len(writes)} deltas could sum outside signed 64-bit")
-        if any(key is not None for _, key in writes):
-            return None
-        return self._add_params(name, shard, deltas)
+        return None if keyed else self._add_params(name, shard, deltas)
 
     # -- reads -------------------------------------------------------------------------
 
