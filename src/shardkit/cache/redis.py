@@ -107,17 +107,27 @@ class RedisCore:
         """Carry out ``step``, its Redis errors turned into ``BackendError``s."""
         try:
             return (yield from step)
-        except (
+        except self._failures as exc:
+            raise self._failure(action, exc) from exc
+
+    @property
+    def _failures(self) -> tuple[type[Exception], ...]:
+        """What the client raises when a command fails (``_failure``'s to turn)."""
+        return (self._redis.RedisError, self._redis.exceptions.RedisClusterException)
+
+    def _failure(self, action: str, exc: Exception) -> BackendError:
+        """The client's error ``exc`` (one of ``_failures``) while ``action``, as ours:
+        ``BackendUnavailable`` where the cache could not be reached, else ``BackendError``."""
+        detail = _urls.scrub(str(exc), self._password)
+        unreachable = (
             self._redis.ConnectionError,
             self._redis.TimeoutError,  # no reply in time: a server gone silent
             self._redis.exceptions.RedisClusterException,  # a cluster of which no node answers
             self._redis.exceptions.ClusterDownError,  # a node cut off from most primaries
-        ) as exc:
-            detail = _urls.scrub(str(exc), self._password)
-            raise BackendUnavailable(f"cannot reach the cache at {self.url}: {detail}") from exc
-        except self._redis.RedisError as exc:
-            detail = _urls.scrub(str(exc), self._password)
-            raise BackendError(f"cache {self.url} failed while {action}: {detail}") from exc
+        )
+        if isinstance(exc, unreachable):
+            return BackendUnavailable(f"cannot reach the cache at {self.url}: {detail}")
+        return BackendError(f"cache {self.url} failed while {action}: {detail}")
 
     def _script(self, script: Script, keys: list[str], args: list[int]) -> Program[Any]:
         words = [*keys, *args]
@@ -200,6 +210,14 @@ class RedisCache(RedisCore, Blocking):
     @classmethod
     def from_url(cls, url: str) -> RedisCache:
         return cls(_client(redis_module().Redis, url), url=url, owns_client=True)
+
+    def bump(self, key: str, delta: int) -> int:
+        """``RedisCore.bump``, its one command sent with no program run around it (the
+        buffered counters' hot path)."""
+        try:
+            return int(self._sent_once.incrby(key, delta))
+        except self._failures as exc:
+            raise self._failure("incrementing", exc) from exc
 
     def close(self) -> None:
         self._sent_once.close()

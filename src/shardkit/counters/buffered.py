@@ -227,8 +227,8 @@ class BufferedCore(CounterCore):
         if not delta and key is None:
             return True
         counted = yield from call(Bumps.__call__, int(delta < 0), abs(delta), key)
-        if counted:
-            yield from self._schedule()
+        if counted and self._scheduled != (os.getpid(), int(time.time() // self.interval)):
+            yield from self._schedule()  # the first increment of the interval
         return counted
 
     @rule
