@@ -142,7 +142,9 @@ class ShardedCore(CounterCore):
         if sized:
             # Its writers: the process, its writes combined; else each thread, on its shard.
             writer = None if self.roles.store.combinable else ticket
-            yield from ShardedCore.wrote.program(self, time.perf_counter() - started, writer)
+            sizing = self._timed(time.perf_counter() - started, writer)
+            if sizing is not None:  # the write ended a window: once a second at most
+                yield from sizing
         moved = sum([delta for (delta, _), ok in zip(writes, applied, strict=True) if ok])
         if moved:
             yield from call(Adjusting.add, self._value_key, moved)
