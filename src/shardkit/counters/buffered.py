@@ -210,6 +210,10 @@ class BufferedCore(CounterCore):
         A call that raises ``BackendError`` may or may not have counted: retry it with
         the same ``key`` to make the retry safe.
         """
+        return metrics.timed(self.kind, self._add(self._checked(delta, key), key))
+
+    def _checked(self, delta: int, key: str | None) -> int:
+        """``delta``, an increment's, checked with its ``key`` (see ``incr``)."""
         delta = check_delta(delta)
         if abs(delta) > MAX_DELTA:
             raise InvalidDelta(f"delta {delta} is outside ±2**40, a buffered counter's limit")
@@ -221,15 +225,20 @@ class BufferedCore(CounterCore):
                     "one atomic step with the increment it guards: keyed increments of a "
                     "buffered counter need Redis, Redis Cluster or memory://"
                 )
-        return metrics.timed(self.kind, self._add(delta, key))
+        return delta
 
     def _add(self, delta: int, key: str | None) -> Program[bool]:
         if not delta and key is None:
             return True
         counted = yield from call(Bumps.__call__, int(delta < 0), abs(delta), key)
-        if counted and self._scheduled != (os.getpid(), int(time.time() // self.interval)):
-            yield from self._schedule()  # the first increment of the interval
+        if counted and self._schedule_due():
+            yield from self._schedule()
         return counted
+
+    def _schedule_due(self) -> bool:
+        """Whether this interval's flush is yet to be scheduled by this process (the
+        interval's first increment schedules it: ``_schedule``)."""
+        return self._scheduled != (os.getpid(), int(time.time() // self.interval))
 
     @rule
     def decr(self, delta: int = 1, *, key: str | None = None) -> Program[bool]:
@@ -470,6 +479,37 @@ class BufferedCounter(BufferedCore, Blocking):
     """
 
     _combiner = Combiner
+
+    def incr(self, delta: int = 1, *, key: str | None = None) -> bool:
+        """Add ``delta``, an int within ±``MAX_DELTA`` (2**40; a larger one raises
+        ``InvalidDelta`` and counts nothing); one cache round trip, which concurrent
+        increments from other threads (or coroutines) of the process share (it returns
+        once the cache has taken it), plus one per interval per process to schedule the
+        flush (and one when the generation fills).
+
+        Returns True, or False where the idempotency ``key`` was counted already (then
+        nothing is counted): its record is kept with the increment, in the cache, for
+        ``key_retention`` seconds. A key on a cache that cannot record it in one atomic
+        step with the increment (memcached) raises ``KeysUnsupported``, before anything
+        is written.
+
+        A call that raises ``BackendError`` may or may not have counted: retry it with
+        the same ``key`` to make the retry safe.
+        """
+        if key is not None:
+            counted: bool = self._carry_out(BufferedCore.incr.program(self, delta, key=key))
+            return counted
+        # ``BufferedCore.incr`` without a key: its steps made here with no program run
+        # around the bump (the hot path), with the same outcome and metrics.
+        return metrics.timed_call(self.kind, self._add_unkeyed, self._checked(delta, None))
+
+    def _add_unkeyed(self, delta: int) -> bool:
+        if not delta:
+            return True
+        counted = self.roles.bumps(int(delta < 0), abs(delta), None)
+        if counted and self._schedule_due():
+            self._carry_out(self._schedule())
+        return counted
 
 
 def pointer_keys(options: Options, info: CounterInfo, stripes: int) -> list[str]:
