@@ -47,6 +47,7 @@ from backends import (
     wait_for,
 )
 from servers import PostgresServer, RedisServer, running, unavailable
+from shardkit import metrics
 from shardkit.monitor.asgi import dashboard
 from shardkit.monitor.exporter import exposition, registry, serve
 from shardkit.store.sql import SqlStore
@@ -587,6 +588,34 @@ def test_metrics_are_recorded_once_prometheus_client_is_installed(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(recorded)
+
+
+@pytest.mark.parametrize(
+    "buckets", [metrics._WRITE_SECONDS, metrics._BATCH_SIZES], ids=["seconds", "sizes"]
+)
+def test_a_write_path_observation_counts_as_prometheus_clients_own(
+    buckets: tuple[float, ...],
+) -> None:
+    """The meter's observer of a histogram (the bucket found by bisection, the sum and
+    the bucket moved under one lock) leaves the figures prometheus_client's own
+    ``observe`` leaves: values on, between, below and above the bounds."""
+    prom = metrics.prometheus()
+    ours, theirs = (
+        prom.Histogram("h", "h", buckets=buckets, registry=prom.CollectorRegistry())
+        for _ in range(2)
+    )
+    observe = metrics._observer(ours)
+    assert observe.__name__ == "observe_here"  # the in-process path, not observe itself
+    values = [0.0, *buckets, *(bound * 1.5 for bound in buckets), buckets[0] / 2, 1e9]
+    for value in values:
+        observe(value)
+        theirs.observe(value)
+
+    def figures(histogram: Any) -> list[tuple[str, dict[str, str], float]]:
+        samples = [sample for family in histogram.collect() for sample in family.samples]
+        return [(s.name, s.labels, s.value) for s in samples if s.name != "h_created"]
+
+    assert figures(ours) == figures(theirs)
 
 
 def test_what_is_served_passes_promtool_and_every_series_starts_at_zero(
