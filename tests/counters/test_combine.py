@@ -306,6 +306,29 @@ def test_deltas_that_could_sum_past_64_bits_are_written_one_by_one(
     assert votes.value(fresh=True) == 2**62 + 1
 
 
+def test_a_write_made_one_by_one_that_overflows_fails_its_caller_alone(
+    kit: shardkit.Kit, name: str, threads: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Of two queued writes made one by one (together they could pass 64 bits), the one
+    that finds no room raises CounterOverflow to its caller; the other applies."""
+    votes = kit.sharded(name, shards=1)
+    votes.incr(INT64_MAX - 2**62 - 1)
+    gate = _gate_store(kit, monkeypatch)
+    first = threads(lambda: votes.incr(1))
+    gate.entered.acquire()
+    rest = [threads(lambda: votes.incr(2**62)) for _ in range(2)]  # room for one
+    wait_for(lambda: _queued(votes) == 2, "queued")
+    gate.open()
+    for outcome in (first, *rest):
+        wait_for(lambda o=outcome: bool(o), "every caller to return")
+    assert first == {"result": True}
+    applied = [outcome for outcome in rest if outcome == {"result": True}]
+    failed = [outcome for outcome in rest if isinstance(outcome.get("error"), CounterOverflow)]
+    assert (len(applied), len(failed)) == (1, 1)
+    assert [len(batch) for batch in gate.batches] == [1, 1, 1]
+    assert votes.value(fresh=True) == INT64_MAX
+
+
 def test_concurrent_buffered_increments_share_one_cache_command(
     store_url: str, own_cache_url: str, name: str, threads: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
