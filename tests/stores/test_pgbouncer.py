@@ -85,9 +85,9 @@ def test_a_statement_deallocated_under_the_hot_path_is_prepared_again(name: str)
         while not store._held.empty():
             held.append(store._held.get_nowait())
         assert held
-        for conn in held:
+        for conn, run in held:
             conn.exec_driver_sql("DEALLOCATE ALL")
-            store._held.put(conn)
+            store._held.put((conn, run))
         assert counter.incr() is True
         assert counter.value(fresh=True) == 2
 

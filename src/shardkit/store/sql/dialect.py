@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import itertools
+import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -480,12 +481,15 @@ class Compiled:
         statement, names = self._numbered()
         run = statement.on(conn, prepare=conn.prepare_threshold is not None)
         params = self.params
+        if self._own or len(names) < 2:
 
-        def ordered(values: Mapping[str, Any]) -> None:
-            given = params(values)
-            run([given[name] for name in names])
+            def ordered(values: Mapping[str, Any]) -> None:
+                given = params(values)
+                run([given[name] for name in names])
 
-        return ordered
+            return ordered
+        take = operator.itemgetter(*names)  # a tuple of the values, in their order
+        return lambda values: run(take(values))
 
     def _numbered(self) -> tuple[LibpqStatement, list[str]]:
         """The statement with libpq's ``$n`` parameters, and the names they stand for."""

@@ -23,6 +23,7 @@ from .dialect import Compiled
 from .engines import gate_forks, watch_for_poolers
 
 _T = TypeVar("_T")
+_Run = Callable[[Mapping[str, Any]], object]  # the upsert's runner on one connection
 
 # Connections of a forked parent: kept referenced in the child, never used, closed or
 # returned to a pool, so the child sends nothing on a socket it shares with the parent.
@@ -48,7 +49,8 @@ class SqlStore(SqlCore, Blocking):
         pool = engine.pool
         self._max_held = pool.size() - 1 if isinstance(pool, QueuePool) else 0
         self._gate = gate_forks(engine)
-        self._held: queue.SimpleQueue[Connection] = queue.SimpleQueue()
+        # Held connections, each with its runner of the upsert.
+        self._held: queue.SimpleQueue[tuple[Connection, _Run]] = queue.SimpleQueue()
         watch_for_poolers(engine)
         reset_in_child(self, SqlStore._after_fork)
 
@@ -132,19 +134,11 @@ class SqlStore(SqlCore, Blocking):
     def fast_add(self, params: Mapping[str, Any]) -> None:
         """Run the precompiled upsert on a held autocommit connection: one round trip."""
         try:
-            conn = self._held.get_nowait()
+            conn, run = self._held.get_nowait()
         except queue.Empty:
             conn = self._connect_autocommit()
+            run = self._runner(conn)
         try:
-            # The statement's runner (a prepared libpq call, or a cursor) is built once per
-            # DB-API connection and kept in its ``info``, which SQLAlchemy clears when that
-            # connection is closed or invalidated; keyed by the statement, since several
-            # stores may share one engine.
-            info = conn.info
-            run = info.get(self._fast_add)
-            if run is None:
-                run = self._fast_add.runner(conn.connection.dbapi_connection)
-                info[self._fast_add] = run
             if self._gate is None:
                 run(params)
             else:  # held between statements aside the gate: it gates this one
@@ -170,9 +164,20 @@ class SqlStore(SqlCore, Blocking):
                 raise self._error(exc, action, lost=lost) from exc
             raise
         if self._held.qsize() < self._max_held:
-            self._held.put(conn)
+            self._held.put((conn, run))
         else:
             conn.close()
+
+    def _runner(self, conn: Connection) -> _Run:
+        """The upsert's runner on ``conn`` (a prepared libpq call, or a cursor): built
+        once per DB-API connection and kept in its ``info``, which SQLAlchemy clears when
+        that connection is closed or invalidated; keyed by the statement, since several
+        stores may share one engine."""
+        info = conn.info
+        run: _Run | None = info.get(self._fast_add)
+        if run is None:
+            run = info[self._fast_add] = self._fast_add.runner(conn.connection.dbapi_connection)
+        return run
 
     def _connect_autocommit(self) -> Connection:
         """A connection to hold between statements (aside the fork gate, if any:
@@ -190,7 +195,7 @@ class SqlStore(SqlCore, Blocking):
         """Invalidate and let go of the held connections (they died with the server)."""
         while True:
             try:
-                conn = self._held.get_nowait()
+                conn, _ = self._held.get_nowait()
             except queue.Empty:
                 return
             conn.invalidate()
@@ -199,7 +204,7 @@ class SqlStore(SqlCore, Blocking):
     def close(self) -> None:
         while True:
             try:
-                self._held.get_nowait().close()
+                self._held.get_nowait()[0].close()
             except queue.Empty:
                 break
         if self._owns_engine:
