@@ -3,7 +3,7 @@
 Counters and jobs report to ``meter``: a ``Meter`` that drops everything until metrics
 are turned on, when a kit is opened with ``prometheus_client`` importable (unless
 ``$SHARDKIT_METRICS=off``) or by ``enable()``; then it records into
-``prometheus_client`` metrics (about 3 µs of CPU per write). Under a
+``prometheus_client`` metrics (about 2 µs of CPU per write). Under a
 pre-fork server or Celery's prefork pool, also set ``$PROMETHEUS_MULTIPROC_DIR`` before
 the processes start (prometheus_client's multiprocess mode): every process's metrics are
 then summed where they are served (``shardkit.monitor.exporter``). Recording never does
