@@ -18,7 +18,7 @@ from shardkit.counters.base import CounterCore, CounterRoles, Options, best_effo
 from shardkit.counters.buffered import BufferedCore
 from shardkit.counters.buffered import forget as forget_buffered
 from shardkit.counters.generations import Parts, flush_counters, read_parts
-from shardkit.counters.ids import IdCore
+from shardkit.counters.ids import SUB_BLOCK, IdCore
 from shardkit.counters.ids import forget as forget_ids
 from shardkit.counters.monotonic import MonotonicCore
 from shardkit.counters.monotonic import forget as forget_monotonic
@@ -65,7 +65,7 @@ class KitCore(Generic[_S, _B, _M, _I]):
     sharded_form: Callable[[CounterInfo, Any], _S]
     buffered_form: Callable[[CounterInfo, Any, Any, float, int], _B]
     monotonic_form: Callable[[CounterInfo, Any, float, Callable[[], float]], _M]
-    ids_form: Callable[[CounterInfo, Any, int], _I]
+    ids_form: Callable[[CounterInfo, Any, int, int], _I]
 
     def __init__(self, options: Options) -> None:
         self._options = options
@@ -226,16 +226,20 @@ class KitCore(Generic[_S, _B, _M, _I]):
         )
 
     @rule
-    def ids(self, name: str, block: int = 1000) -> Program[_I]:
-        """The id allocator ``name``: unique ids, reserved from the store ``block`` at a
-        time (a setting of this process; processes may use their own)."""
+    def ids(self, name: str, block: int = 1000, sub_block: int = SUB_BLOCK) -> Program[_I]:
+        """The id allocator ``name``: unique ids, reserved in the store ``block`` at a
+        time, and taken from a block by this process ``sub_block`` at a time (one cache
+        round trip each; both 1 … 2**40, settings of this process: processes may use
+        their own). Ids increase within a process; with ``sub_block=1``, across the
+        processes that share a cache too (at one cache round trip per id)."""
         check_name(name)
         size = check_block(block)
+        share = check_block(sub_block, "sub_block")
         return self._open(
             name,
             IdCore,
-            lambda c: c.block == size,
-            lambda info: self.ids_form(info, self._options, size),
+            lambda c: c.block == size and c.sub_block == share,
+            lambda info: self.ids_form(info, self._options, size, share),
         )
 
     @rule

@@ -163,10 +163,11 @@ def check_count(count: object) -> int:
     return count
 
 
-def check_block(block: object) -> int:
-    """Return ``block`` if it is an int in 1 … 2**40 (not a bool)."""
+def check_block(block: object, what: str = "block") -> int:
+    """Return ``block`` if it is an int in 1 … 2**40 (not a bool): ids reserved, or
+    taken from a block, at a time (``what`` names it in the error)."""
     if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= MAX_BLOCK:
-        raise ValidationError(f"block must be an int in 1..2**40, not {block!r}")
+        raise ValidationError(f"{what} must be an int in 1..2**40, not {block!r}")
     return block
 
 

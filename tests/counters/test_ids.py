@@ -6,6 +6,7 @@ import threading
 from typing import Any
 
 import pytest
+import redis
 
 import shardkit
 from backends import CACHE_URLS, PREFIX, RefusingCache, Target, require, run_together
@@ -25,25 +26,37 @@ def test_ids_are_unique_increasing_and_reserved_first(kit: shardkit.Kit, name: s
     assert isinstance(kit.get(name), shardkit.IdAllocator)
 
 
+@pytest.mark.parametrize("sub_block", [1, 7])
 @pytest.mark.pairs
-def test_concurrent_threads_never_share_an_id(kit: shardkit.Kit, name: str) -> None:
-    ids = kit.ids(name, block=50)
+def test_concurrent_threads_never_share_an_id(kit: shardkit.Kit, name: str, sub_block: int) -> None:
+    """Threads share their process's sub-block: none is handed an id twice, each its ids
+    in increasing order, and one process's ids leave no hole (but the rest of its last
+    sub-block, still in hand)."""
+    ids = kit.ids(name, block=50, sub_block=sub_block)
     got: list[list[int]] = [[] for _ in range(8)]
     run_together(8, lambda index: got[index].extend(ids.next() for _ in range(300)))
     every = [each for taken in got for each in taken]
-    assert len(set(every)) == len(every) == 2400
+    assert sorted(every) == list(range(1, 2401))
     assert all(taken == sorted(taken) for taken in got)
-    assert max(every) <= ids.reserved()
+    assert ids.reserved() == 2400
 
 
-def test_a_lost_cache_continues_above_every_id_handed_out(kit: shardkit.Kit, name: str) -> None:
-    ids = kit.ids(name, block=100)
-    before = ids.take(5)
+@pytest.mark.parametrize("sub_block", [1, 10])
+def test_a_lost_cache_continues_above_every_id_handed_out(
+    kit: shardkit.Kit, name: str, sub_block: int
+) -> None:
+    """At once with a sub-block of 1; once the rest of the sub-block in hand when the
+    cache lost it is handed out, otherwise."""
+    ids = kit.ids(name, block=100, sub_block=sub_block)
+    before = ids.take(3)
     reserved = ids.reserved()
     for key in (ids._key_of(reserved), ids._pointer_key):  # the cache loses everything
         kit.cache.delete(key)
-    after = ids.take(5)
-    assert min(after) > reserved >= max(before)
+    after = ids.take(10)
+    rest = list(range(4, sub_block + 1))  # 4 … 10 with a sub-block of 10
+    assert after[: len(rest)] == rest
+    assert min(after[len(rest) :]) > reserved >= max(before)
+    assert ids.reserved() == 2 * reserved
 
 
 def test_a_block_whose_key_the_cache_refuses_to_increment_is_left_behind(
@@ -81,19 +94,57 @@ def test_kits_sharing_a_cache_take_increasing_ids_from_shared_blocks(
     require(CACHE_URLS["redis"])
     target = Target(store_url, CACHE_URLS["redis"])
     with target.connect() as one, target.connect() as two:
-        taken = [kit.ids(name, block=3).next() for _ in range(15) for kit in (one, two)]
+        taken = [
+            kit.ids(name, block=3, sub_block=1).next() for _ in range(15) for kit in (one, two)
+        ]
         # One sequence across both kits: each used-up block is replaced once, for both.
         assert taken == list(range(1, 31))
         assert one.ids(name, block=3).reserved() == 30
 
 
+def test_kits_sharing_a_cache_take_sub_blocks_of_shared_blocks_and_hand_each_id_once(
+    store_url: str, name: str
+) -> None:
+    """Two kits (as two processes would) alternate: each hands out its sub-block of 4
+    in turn, a block's end cuts a sub-block short (9-10), and no id is left or doubled."""
+    require(CACHE_URLS["redis"])
+    target = Target(store_url, CACHE_URLS["redis"])
+    with target.connect() as one, target.connect() as two:
+        ids = [kit.ids(name, block=10, sub_block=4) for kit in (one, two)]
+        taken: list[list[int]] = [[], []]
+        for _ in range(8):
+            for index in (0, 1):
+                taken[index].append(ids[index].next())
+        assert taken == [[1, 2, 3, 4, 9, 10, 15, 16], [5, 6, 7, 8, 11, 12, 13, 14]]
+        assert ids[0].reserved() == 20
+
+
+def test_a_cache_wiped_mid_sub_block_moves_each_kit_above_every_id_once_its_own_is_used(
+    store_url: str, own_redis: str, name: str
+) -> None:
+    """A wipe loses the shared block's key: each kit hands out the rest of its own
+    sub-block (ids no other kit can hold), then both move to one new block, above every
+    id reserved before."""
+    target = Target(store_url, own_redis)
+    wipe = redis.Redis.from_url(own_redis)
+    with target.connect() as one, target.connect() as two, wipe:
+        ids = [kit.ids(name, block=100, sub_block=10) for kit in (one, two)]
+        before = [each.take(3) for each in ids]
+        assert before == [[1, 2, 3], [11, 12, 13]]
+        wipe.flushdb()  # this worker's own server
+        after = [each.take(9) for each in ids]
+        assert after == [[4, 5, 6, 7, 8, 9, 10, 101, 102], [14, 15, 16, 17, 18, 19, 20, 111, 112]]
+        assert ids[0].reserved() == 200
+
+
+@pytest.mark.parametrize("what", ["block", "sub_block"])
 @pytest.mark.parametrize("block", [0, -5, 2**40 + 1, 1.5, True, "10"])
 @pytest.mark.pairs
 def test_bad_blocks_are_refused_before_anything_is_written(
-    kit: shardkit.Kit, name: str, block: Any
+    kit: shardkit.Kit, name: str, block: Any, what: str
 ) -> None:
-    with pytest.raises(ValidationError):
-        kit.ids(name, block=block)
+    with pytest.raises(ValidationError, match=f"^{what} must be"):
+        kit.ids(name, **{what: block})
     assert kit.store.counter(name) is None
 
 
@@ -135,10 +186,10 @@ def test_an_allocator_is_built_with_its_guard_and_clock_checked(sqlite_url: str,
     with shardkit.connect(sqlite_url, "memory://", prefix=PREFIX) as kit:
         info = kit.store.open_counter(name, IdCore.kind, 1)
         with pytest.raises(TypeError, match="cannot play the role 'clock': it has no sleep"):
-            Allocator(info, kit.settings, 10, Guard(threading.Lock()), object())  # type: ignore[arg-type]
+            Allocator(info, kit.settings, 10, 1, Guard(threading.Lock()), object())  # type: ignore[arg-type]
         clock = Clock()
-        ids = Allocator(info, kit.settings, 10, Guard(threading.Lock()), clock)
+        ids = Allocator(info, kit.settings, 10, 1, Guard(threading.Lock()), clock)
         roles = ids.roles
         assert (roles.store, roles.cache, roles.clock) == (kit.store, kit.cache, clock)
         assert ids.take(12) == list(range(1, 13))  # two blocks
-        assert kit.ids(name, block=10).next() == 13  # the same cache: the same block
+        assert kit.ids(name, block=10, sub_block=1).next() == 13  # the same cache and block

@@ -87,11 +87,12 @@ def test_ids_never_repeat_within_a_store(
     with shardkit.connect(two_stores[0], shared_cache_url, prefix=PREFIX) as staging_too:
         handed: dict[str, list[int]] = {"staging": [], "production": []}
         for _ in range(30):  # the stores' allocators take turns, block after block
-            handed["staging"] += staging.ids(name, block=7).take(3)
-            handed["production"] += production.ids(name, block=7).take(3)
-            handed["staging"] += staging_too.ids(name, block=7).take(2)
+            handed["staging"] += staging.ids(name, block=7, sub_block=1).take(3)
+            handed["production"] += production.ids(name, block=7, sub_block=1).take(3)
+            handed["staging"] += staging_too.ids(name, block=7, sub_block=1).take(2)
     for ids in handed.values():
         assert len(set(ids)) == len(ids)
-    # One store's kits share its blocks through the cache: its ids run without holes.
+    # One store's kits share its blocks through the cache: its ids run without holes
+    # (none kept a sub-block's rest in hand).
     assert sorted(handed["staging"]) == list(range(1, 151))
     assert sorted(handed["production"]) == list(range(1, 91))

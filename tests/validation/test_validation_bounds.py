@@ -198,6 +198,11 @@ def test_chances_are_probabilities_returned_as_floats() -> None:
     [
         (check_count, 1_000_000, "count must be an int in 1..1000000, not {!r}"),
         (check_block, 2**40, "block must be an int in 1..2**40, not {!r}"),
+        (
+            lambda value: check_block(value, "sub_block"),
+            2**40,
+            "sub_block must be an int in 1..2**40, not {!r}",
+        ),
     ],
 )
 def test_id_counts_and_blocks_are_ints_from_1_to_their_most(

@@ -121,8 +121,11 @@ class AsyncIdAllocator(IdCore, Awaiting):
     """``shardkit.IdAllocator``, awaited: ids never handed out twice, from the same
     blocks as the sync kit's (sync and async processes share the allocator)."""
 
-    def __init__(self, info: CounterInfo, settings: AsyncSettings, block: int) -> None:
-        super().__init__(info, settings, block, Guard(asyncio.Lock()), playing(asyncio, Clock))
+    def __init__(
+        self, info: CounterInfo, settings: AsyncSettings, block: int, sub_block: int
+    ) -> None:
+        guard = Guard(asyncio.Lock())
+        super().__init__(info, settings, block, sub_block, guard, playing(asyncio, Clock))
 
 
 class _Polling:

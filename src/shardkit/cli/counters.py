@@ -220,10 +220,12 @@ _ending(
 @json_option
 @pass_context
 def ids(context: Context, name: str, count: int, block: int, as_json: bool) -> None:
-    """Print COUNT new ids of id allocator NAME (created if new), one per line.
+    """Print COUNT new ids of id allocator NAME (created if new), one per line, in
+    increasing order: taken from the allocator's block at once (one sub-block of COUNT),
+    so the command leaves no hole.
 
     --json: {"name", "ids"}."""
-    taken = context.kit.ids(name, block).take(count)
+    taken = context.kit.ids(name, block, sub_block=count).take(count)
     if as_json:
         emit({"name": name, "ids": taken})
     else:

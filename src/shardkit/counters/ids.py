@@ -13,10 +13,23 @@ handed out. Holes (the unused rest of a block) are allowed; duplicates never. Th
 of a block is created only by the writer that reserved it, and the cache's ``incr`` never
 creates one, so a lost key is never re-created below the ids it handed out.
 
-With a shared cache, every process takes ids from the same generation, so ids increase
-across processes too: of the writers that find a block used up, one claims the next
-(an add-if-absent in the cache) and the others wait for it. With the in-process cache
-each process has its own block: ids increase within the process.
+A process takes the ids of a block ``sub_block`` at a time: one ``incr`` of the block's
+key by ``sub_block`` takes the ids up to its new value (those within the block: its end
+cuts a sub-block short), and the process hands them out from memory, one by one, to all
+its threads (under a lock); so ids increase within a process, and most of them cost no
+round trip. The writers of a process take sub-blocks one at a time (the guard), so that
+each follows the last and is used up before the next is taken; a sub-block of 1 leaves
+no rest to share, and its writers take their ids concurrently. The rest of a sub-block
+that no one hands out (its process ends, or the allocator is deleted) is a hole, as is
+the rest of a forked child's parent's: the child starts without it.
+
+With a shared cache, every process takes ids from the same generation: of the writers
+that find a block used up, one claims the next (an add-if-absent in the cache) and the
+others wait for it. With a sub-block of 1, ids increase across processes too (one
+sequence); with a larger one — the default, as a PostgreSQL sequence's ``CACHE`` — only
+within each process: a process hands out the rest of its sub-block after others have
+moved past it, and after a cache loss, before it moves to a new block. With the
+in-process cache each process has its own block: ids increase within the process.
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from shardkit import metrics
+from shardkit._fork import reset_in_child
 from shardkit._program import Blocking, Clock, Program, call, role, rule
 from shardkit.cache.base import Cache
 from shardkit.counters.base import (
@@ -51,6 +65,9 @@ _ATTEMPTS = 5
 # How long a writer waits for the writer that claimed the next block to publish it,
 # before reserving one itself (that writer may have died).
 _CLAIM_WAIT = 5.0
+SUB_BLOCK = 50
+"""Ids a process takes from a block at a time by default: one cache round trip per 50
+ids, and at most 49 left as a hole when the process ends."""
 
 
 @role("guard")
@@ -63,6 +80,12 @@ class Guard:
 
     def __init__(self, lock: threading.Lock | asyncio.Lock) -> None:
         self._lock = lock
+        reset_in_child(self, Guard._renew)
+
+    def _renew(self) -> None:
+        """A lock of the same kind, free: another thread of the parent may have held
+        this one when it forked, and would never release the child's copy."""
+        self._lock = type(self._lock)()
 
     def acquire(self) -> Any:
         """The lock's release, once it is held (or an awaitable of it)."""
@@ -92,48 +115,108 @@ class IdCore(CounterCore):
     roles: IdRoles
 
     def __init__(
-        self, info: CounterInfo, options: Options, block: int, guard: Guard, clock: Clock
+        self,
+        info: CounterInfo,
+        options: Options,
+        block: int,
+        sub_block: int,
+        guard: Guard,
+        clock: Clock,
     ) -> None:
         super().__init__(info, options)
         roles = options.roles
         self.roles = IdRoles(roles.store, roles.cache, roles.adjuster, guard, clock)
         self.block = check_block(block)
         """Ids reserved in the store at a time."""
+        self.sub_block = check_block(sub_block, "sub_block")
+        """Ids this process takes from a block at a time, through the cache."""
         self._pointer_key = pointer_key(options, info)
         self._mark = 0  # the generation written to: its block ends at this id
         self._key = ""
+        self._forked()
+        reset_in_child(self, IdCore._forked)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} block={self.block}>"
+
+    def _forked(self) -> None:
+        """Hold no sub-block, behind a free lock (as a forked child must: its parent's
+        sub-block is its parent's)."""
+        self._spare = threading.Lock()  # held only to read or change the two below
+        self._next, self._last = 1, 0  # the sub-block's ids not handed out yet
+
+    def _drop(self) -> None:
+        """Let go of the sub-block: its ids not handed out yet become a hole."""
+        with self._spare:
+            self._next, self._last = 1, 0
 
     def _key_of(self, mark: int) -> str:
         return block_key(self._options, self.name, mark)
 
     @rule
     def next(self) -> Program[int]:
-        """A new id: one cache round trip, plus one store round trip per block used.
+        """A new id: from this process's sub-block, in memory; one cache round trip per
+        sub-block, plus one store round trip per block used."""
+        return metrics.timed(self.kind, self._new_id())
+
+    def _new_id(self) -> Program[int]:
+        found = self._spared()
+        return found if found is not None else (yield from self._refill())
+
+    def _spared(self) -> int | None:
+        """The next id of the sub-block, None if it is used up."""
+        with self._spare:
+            found = self._next
+            if found > self._last:
+                return None
+            self._next = found + 1
+            return found
+
+    def _refill(self) -> Program[int]:
+        """An id for a writer that found the sub-block used up: the next of the one
+        another writer of the process took meanwhile, else the first of a new one,
+        whose rest is left for the process's writers. A sub-block of 1 has no rest:
+        its writers take theirs without the guard, concurrently."""
+        if self.sub_block == 1:
+            first, _ = yield from self._take_sub_block(self._move_on)
+            return first
+        release: Callable[[], None] = yield from call(Guard.acquire)
+        try:
+            found = self._spared()
+            if found is not None:
+                return found
+            first, last = yield from self._take_sub_block(self._leave)
+            with self._spare:
+                self._next, self._last = first + 1, last
+            return first
+        finally:
+            release()
+
+    def _take_sub_block(self, move_on: Callable[[int], Program[bool]]) -> Program[tuple[int, int]]:
+        """The first and last id of a new sub-block: up to ``sub_block`` ids of the
+        current generation's block, taken by one ``incr`` of its key; ``move_on(mark)``
+        leaves a generation whose block is used up or lost (``_move_on``, or ``_leave``
+        for a writer that holds the guard).
 
         A block whose key the cache fails to increment is left behind, as if lost (its
         unused ids become a hole). (memcached's refusals of a key holding a number are
         repaired by the cache itself; this is for a cache that gives up.)"""
-        return metrics.timed(self.kind, self._new_id())
-
-    def _new_id(self) -> Program[int]:
         losses = refusals = 0
+        size = self.sub_block
         while True:
             mark, key = self._mark, self._key
             if mark:
                 try:
-                    candidate = yield from call(Cache.incr, key, 1)
+                    top = yield from call(Cache.incr, key, size)
                 except BackendError:
                     refusals += 1
                     if refusals == _ATTEMPTS:
                         raise
-                    candidate = None
-                if candidate is not None and candidate <= mark:
-                    return candidate
+                    top = None
+                if top is not None and top - size < mark:
+                    return top - size + 1, min(top, mark)
             # Used up (by this and other writers), lost, or none yet: move on.
-            if (yield from self._move_on(mark)):
+            if (yield from move_on(mark)):
                 losses += 1
                 if losses == _ATTEMPTS:
                     raise BackendError(f"the cache kept losing the ids of {self.name!r}")
@@ -216,6 +299,13 @@ class IdCore(CounterCore):
 
     def _moved(self) -> None:
         self._pointer_key = pointer_key(self._options, self.info)
+        self._drop()  # the ended incarnation's
+
+    def _expire(self) -> None:
+        """Also let go of the sub-block: the next id comes through the cache, which
+        tells whether the allocator still stands (its keys go with it)."""
+        super()._expire()
+        self._drop()
 
     def _adopt(self, mark: int) -> None:
         self._key = self._key_of(mark)
@@ -253,11 +343,14 @@ def forget(options: Options, deleted: Deleted) -> Program[None]:
 class IdAllocator(IdCore, Blocking):
     """Hands out unique ids (ints ≥ 1), increasing in every process.
 
-    Guarantees: no id is ever handed out twice — across processes, machines, cache loss
-    and process death — because every id comes from a block reserved in the store
-    before any of its ids is handed out. Ids increase within a process, and across
-    processes when they share a cache. Holes are allowed. Thread-safe.
+    Guarantees: no id is ever handed out twice — across processes, machines, threads,
+    forks, cache loss and process death — because every id comes from a block reserved
+    in the store before any of its ids is handed out, and from one process's sub-block
+    of it. Ids increase within a process, and with ``sub_block=1`` across processes
+    that share a cache. Holes are allowed. Thread-safe.
     """
 
-    def __init__(self, info: CounterInfo, settings: CounterSettings, block: int) -> None:
-        super().__init__(info, settings, block, Guard(threading.Lock()), time)
+    def __init__(
+        self, info: CounterInfo, settings: CounterSettings, block: int, sub_block: int
+    ) -> None:
+        super().__init__(info, settings, block, sub_block, Guard(threading.Lock()), time)
