@@ -22,7 +22,9 @@ def test_ids_are_unique_increasing_and_reserved_first(kit: shardkit.Kit, name: s
     assert taken == sorted(set(taken))
     assert taken[0] >= 1
     assert ids.reserved() >= taken[-1]
-    assert ids.reserved() == 40  # four blocks of ten, reserved before their ids were used
+    # Four blocks of ten, reserved before their ids were used, and with a shared cache
+    # the next one, published ahead for the processes that share it.
+    assert ids.reserved() == (50 if kit.cache.shared else 40)
     assert isinstance(kit.get(name), shardkit.IdAllocator)
 
 
@@ -31,14 +33,21 @@ def test_ids_are_unique_increasing_and_reserved_first(kit: shardkit.Kit, name: s
 def test_concurrent_threads_never_share_an_id(kit: shardkit.Kit, name: str, sub_block: int) -> None:
     """Threads share their process's sub-block: none is handed an id twice, each its ids
     in increasing order, and one process's ids leave no hole (but the rest of its last
-    sub-block, still in hand)."""
+    sub-block, still in hand), nor a spent block's key in the cache."""
     ids = kit.ids(name, block=50, sub_block=sub_block)
     got: list[list[int]] = [[] for _ in range(8)]
     run_together(8, lambda index: got[index].extend(ids.next() for _ in range(300)))
     every = [each for taken in got for each in taken]
     assert sorted(every) == list(range(1, 2401))
     assert all(taken == sorted(taken) for taken in got)
-    assert ids.reserved() == 2400
+    reserved = ids.reserved()
+    assert reserved == (2450 if sub_block > 1 and kit.cache.shared else 2400)
+    # No key of a spent block is left behind, but the last one's (2400, until a writer
+    # moves on, unless the next was published ahead).
+    keys = {mark: ids._key_of(mark) for mark in range(50, reserved + 1, 50)}
+    counts = kit.cache.get_many(list(keys.values()))
+    assert all(counts[key] < mark for mark, key in keys.items() if key in counts and mark < 2400)
+    assert (keys[2400] in counts) == (reserved == 2400)
 
 
 @pytest.mark.parametrize("sub_block", [1, 10])
@@ -49,8 +58,8 @@ def test_a_lost_cache_continues_above_every_id_handed_out(
     cache lost it is handed out, otherwise."""
     ids = kit.ids(name, block=100, sub_block=sub_block)
     before = ids.take(3)
-    reserved = ids.reserved()
-    for key in (ids._key_of(reserved), ids._pointer_key):  # the cache loses everything
+    reserved = ids.reserved()  # 200 with a block published ahead
+    for key in (ids._key_of(100), ids._key_of(200), ids._pointer_key):  # all is lost
         kit.cache.delete(key)
     after = ids.take(10)
     rest = list(range(4, sub_block + 1))  # 4 … 10 with a sub-block of 10
@@ -105,36 +114,39 @@ def test_kits_sharing_a_cache_take_increasing_ids_from_shared_blocks(
 def test_kits_sharing_a_cache_take_sub_blocks_of_shared_blocks_and_hand_each_id_once(
     store_url: str, name: str
 ) -> None:
-    """Two kits (as two processes would) alternate: each hands out its sub-block of 4
-    in turn, a block's end cuts a sub-block short (9-10), and no id is left or doubled."""
+    """Two kits (as two processes would) alternate, each handing out its sub-blocks of
+    4 in turn; a block's end cuts a sub-block short (9-10), and the writer that takes a
+    block's first sub-block publishes the next block ahead: a kit that joins, or uses
+    up its block, moves to it at once."""
     require(CACHE_URLS["redis"])
     target = Target(store_url, CACHE_URLS["redis"])
     with target.connect() as one, target.connect() as two:
         ids = [kit.ids(name, block=10, sub_block=4) for kit in (one, two)]
         taken: list[list[int]] = [[], []]
-        for _ in range(8):
+        for _ in range(12):
             for index in (0, 1):
                 taken[index].append(ids[index].next())
-        assert taken == [[1, 2, 3, 4, 9, 10, 15, 16], [5, 6, 7, 8, 11, 12, 13, 14]]
-        assert ids[0].reserved() == 20
+        assert taken == [[*range(1, 11), 21, 22], [*range(11, 21), 31, 32]]
+        assert ids[0].reserved() == 50
 
 
 def test_a_cache_wiped_mid_sub_block_moves_each_kit_above_every_id_once_its_own_is_used(
     store_url: str, own_redis: str, name: str
 ) -> None:
-    """A wipe loses the shared block's key: each kit hands out the rest of its own
-    sub-block (ids no other kit can hold), then both move to one new block, above every
-    id reserved before."""
+    """A wipe loses the blocks' keys: each kit hands out the rest of its own sub-block
+    (ids no other kit can hold), then moves to a new block, above every id reserved
+    before."""
     target = Target(store_url, own_redis)
     wipe = redis.Redis.from_url(own_redis)
     with target.connect() as one, target.connect() as two, wipe:
         ids = [kit.ids(name, block=100, sub_block=10) for kit in (one, two)]
         before = [each.take(3) for each in ids]
-        assert before == [[1, 2, 3], [11, 12, 13]]
+        assert before == [[1, 2, 3], [101, 102, 103]]  # two joins the block published ahead
+        assert ids[0].reserved() == 300
         wipe.flushdb()  # this worker's own server
         after = [each.take(9) for each in ids]
-        assert after == [[4, 5, 6, 7, 8, 9, 10, 101, 102], [14, 15, 16, 17, 18, 19, 20, 111, 112]]
-        assert ids[0].reserved() == 200
+        assert after == [[*range(4, 11), 301, 302], [*range(104, 111), 401, 402]]
+        assert ids[0].reserved() == 600
 
 
 @pytest.mark.parametrize("what", ["block", "sub_block"])
@@ -186,9 +198,9 @@ def test_an_allocator_is_built_with_its_guard_and_clock_checked(sqlite_url: str,
     with shardkit.connect(sqlite_url, "memory://", prefix=PREFIX) as kit:
         info = kit.store.open_counter(name, IdCore.kind, 1)
         with pytest.raises(TypeError, match="cannot play the role 'clock': it has no sleep"):
-            Allocator(info, kit.settings, 10, 1, Guard(threading.Lock()), object())  # type: ignore[arg-type]
+            Allocator(info, kit.settings, 10, 1, Guard(threading.Lock), object())  # type: ignore[arg-type]
         clock = Clock()
-        ids = Allocator(info, kit.settings, 10, 1, Guard(threading.Lock()), clock)
+        ids = Allocator(info, kit.settings, 10, 1, Guard(threading.Lock), clock)
         roles = ids.roles
         assert (roles.store, roles.cache, roles.clock) == (kit.store, kit.cache, clock)
         assert ids.take(12) == list(range(1, 13))  # two blocks

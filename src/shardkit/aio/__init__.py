@@ -124,8 +124,8 @@ class AsyncIdAllocator(IdCore, Awaiting):
     def __init__(
         self, info: CounterInfo, settings: AsyncSettings, block: int, sub_block: int
     ) -> None:
-        guard = Guard(asyncio.Lock())
-        super().__init__(info, settings, block, sub_block, guard, playing(asyncio, Clock))
+        clock = playing(asyncio, Clock)
+        super().__init__(info, settings, block, sub_block, Guard(asyncio.Lock), clock)
 
 
 class _Polling:

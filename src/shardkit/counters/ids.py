@@ -23,13 +23,16 @@ no rest to share, and its writers take their ids concurrently. The rest of a sub
 that no one hands out (its process ends, or the allocator is deleted) is a hole, as is
 the rest of a forked child's parent's: the child starts without it.
 
-With a shared cache, every process takes ids from the same generation: of the writers
-that find a block used up, one claims the next (an add-if-absent in the cache) and the
-others wait for it. With a sub-block of 1, ids increase across processes too (one
-sequence); with a larger one — the default, as a PostgreSQL sequence's ``CACHE`` — only
-within each process: a process hands out the rest of its sub-block after others have
-moved past it, and after a cache loss, before it moves to a new block. With the
-in-process cache each process has its own block: ids increase within the process.
+With a shared cache, the processes take ids from the generation the cache points at:
+of the writers that find a block used up, one claims the next (an add-if-absent in the
+cache) and the others wait for it. With a sub-block of 1, ids increase across processes
+too (one sequence). With a larger one — the default, as a PostgreSQL sequence's
+``CACHE`` — only within each process: a process hands out the rest of its sub-block
+after others have moved past it, and after a cache loss, before it moves to a new block;
+and the writer that takes a block's first ids publishes the next block ahead, so that
+the writers that use a block up find the next one published instead of waiting for it
+(a process that starts takes its ids from the newest). With the in-process cache each
+process has its own blocks: ids increase within the process.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardkit import metrics
 from shardkit._fork import reset_in_child
@@ -51,6 +54,7 @@ from shardkit.counters.base import (
     CounterRoles,
     CounterSettings,
     Options,
+    best_effort,
     incarnation_key,
 )
 from shardkit.errors import BackendError
@@ -60,32 +64,36 @@ from shardkit.validation import check_block, check_count
 if TYPE_CHECKING:
     import asyncio
 
+R = TypeVar("R")
+
 # Blocks whose key the cache lost at once, or failed to increment, before giving up.
 _ATTEMPTS = 5
 # How long a writer waits for the writer that claimed the next block to publish it,
 # before reserving one itself (that writer may have died).
 _CLAIM_WAIT = 5.0
+_PREPARING = metrics.action("publishing the next id block ahead")
 SUB_BLOCK = 50
 """Ids a process takes from a block at a time by default: one cache round trip per 50
-ids, and at most 49 left as a hole when the process ends."""
+ids."""
 
 
 @role("guard")
 class Guard:
-    """The lock that lets one writer of a process at a time leave a generation: a
-    ``threading.Lock``, or an ``asyncio.Lock``. Acquiring it is a call the runner
-    carries out (awaited on an event loop); it returns the lock's release, which never
-    blocks, so that a program's ``finally`` block releases it even when the program is
-    closed."""
+    """The lock that lets one writer of a process at a time take a sub-block or leave a
+    generation: one ``make()`` makes (``threading.Lock``, or ``asyncio.Lock``), and a
+    forked child makes its own (another thread of the parent may have held the parent's
+    when it forked, and would never release the child's copy). Acquiring it is a call
+    the runner carries out (awaited on an event loop); it returns the lock's release,
+    which never blocks, so that a program's ``finally`` block releases it even when the
+    program is closed."""
 
-    def __init__(self, lock: threading.Lock | asyncio.Lock) -> None:
-        self._lock = lock
+    def __init__(self, make: Callable[[], threading.Lock | asyncio.Lock]) -> None:
+        self._make = make
+        self._renew()
         reset_in_child(self, Guard._renew)
 
     def _renew(self) -> None:
-        """A lock of the same kind, free: another thread of the parent may have held
-        this one when it forked, and would never release the child's copy."""
-        self._lock = type(self._lock)()
+        self._lock = self._make()
 
     def acquire(self) -> Any:
         """The lock's release, once it is held (or an awaitable of it)."""
@@ -130,6 +138,10 @@ class IdCore(CounterCore):
         """Ids reserved in the store at a time."""
         self.sub_block = check_block(sub_block, "sub_block")
         """Ids this process takes from a block at a time, through the cache."""
+        # Processes that share sub-blocks of a block publish the next one ahead (not
+        # with a sub-block of 1: writers that join would take ids above those of the
+        # block still in use).
+        self._ahead = sub_block > 1 and options.shared_cache
         self._pointer_key = pointer_key(options, info)
         self._mark = 0  # the generation written to: its block ends at this id
         self._key = ""
@@ -214,6 +226,10 @@ class IdCore(CounterCore):
                         raise
                     top = None
                 if top is not None and top - size < mark:
+                    if self._ahead:
+                        yield from best_effort(
+                            self._options, _PREPARING, self._prepare(mark, top - size + 1, top)
+                        )
                     return top - size + 1, min(top, mark)
             # Used up (by this and other writers), lost, or none yet: move on.
             if (yield from move_on(mark)):
@@ -255,14 +271,7 @@ class IdCore(CounterCore):
                 self._adopt(newer)
                 return False
         lost = bool(spent) and (yield from call(Cache.get, self._key_of(spent))) is None
-        try:
-            yield from self._start()
-        except BackendError:
-            # No block is coming from this claim (the store is down, most likely):
-            # release it, so that the others try for themselves instead of waiting.
-            with contextlib.suppress(BackendError):
-                yield from call(Cache.delete, claim)
-            raise
+        yield from self._released_if_failing(claim, self._start())
         if spent:
             yield from call(Cache.delete, self._key_of(spent))  # used up or lost
         if lost:
@@ -286,16 +295,54 @@ class IdCore(CounterCore):
             pause = min(pause * 2, 0.05)
         return None
 
+    def _prepare(self, mark: int, first: int, top: int) -> Program[None]:
+        """For a writer whose sub-block ``first … top`` of block ``mark`` holds the
+        block's middle id (one writer's): publish the next generation, so that the
+        writers that find ``mark`` used up adopt it at once instead of claiming it and
+        waiting. For the one whose sub-block holds its last id: delete the spent key
+        once the next generation is published (the publisher deletes it if it finds it
+        spent by then: one of the two sees the other's step; and a writer that has to
+        start a generation itself deletes the key it leaves)."""
+        if first <= mark - self.block + 1 <= top:
+            claim = incarnation_key(self._options, self.info, f"ids:claim:{mark}")
+            if (yield from call(Cache.add, claim, 1, _CLAIM_WAIT * 2)):
+                yield from self._released_if_failing(claim, self._publish())
+                # Published: a writer that finds the block lost (no pointer either)
+                # claims the next at once instead of waiting for this claim to expire.
+                yield from call(Cache.delete, claim)
+                count = yield from call(Cache.get, self._key_of(mark))
+                if count is not None and count >= mark:
+                    yield from call(Cache.delete, self._key_of(mark))
+        if first <= mark <= top:
+            pointer = yield from call(Cache.get, self._pointer_key)
+            if pointer is not None and pointer > mark:
+                yield from call(Cache.delete, self._key_of(mark))
+
+    def _released_if_failing(self, claim: str, step: Program[R]) -> Program[R]:
+        """``step``, deleting ``claim`` if it fails: no block is coming from the claim
+        (the store is down, most likely), so the others try for themselves instead of
+        waiting."""
+        try:
+            return (yield from step)
+        except BackendError:
+            with contextlib.suppress(BackendError):
+                yield from call(Cache.delete, claim)
+            raise
+
     def _start(self) -> Program[None]:
+        """Start a generation: publish one (``_publish``) and write to it."""
+        self._adopt((yield from self._publish()))
+
+    def _publish(self) -> Program[int]:
         """Reserve a block in the store (of the allocator's current incarnation:
-        ``CounterCore._follow``) and publish its generation in the cache."""
+        ``CounterCore._follow``) and publish its generation in the cache; its mark."""
         yield from self._follow()
         mark = yield from call(Store.reserve, self.name, self.block)
         metrics.meter.reserved(self.block)
         yield from call(Cache.add, self._key_of(mark), mark - self.block, None)
         yield from call(Cache.delete, self._pointer_key)
         yield from call(Cache.add, self._pointer_key, mark, None)
-        self._adopt(mark)
+        return mark
 
     def _moved(self) -> None:
         self._pointer_key = pointer_key(self._options, self.info)
@@ -346,11 +393,11 @@ class IdAllocator(IdCore, Blocking):
     Guarantees: no id is ever handed out twice — across processes, machines, threads,
     forks, cache loss and process death — because every id comes from a block reserved
     in the store before any of its ids is handed out, and from one process's sub-block
-    of it. Ids increase within a process, and with ``sub_block=1`` across processes
-    that share a cache. Holes are allowed. Thread-safe.
+    of it. Ids increase within a process, and across the processes that share a cache
+    when each of them uses ``sub_block=1``. Holes are allowed. Thread-safe.
     """
 
     def __init__(
         self, info: CounterInfo, settings: CounterSettings, block: int, sub_block: int
     ) -> None:
-        super().__init__(info, settings, block, sub_block, Guard(threading.Lock()), time)
+        super().__init__(info, settings, block, sub_block, Guard(threading.Lock), time)
