@@ -334,6 +334,38 @@ def test_every_kind_keeps_its_promise_across_fork(
             cache.close()
 
 
+@pytest.mark.parametrize(
+    ("store_kind", "cache_kind"), [("sqlite", "memory"), ("postgres", "redis")], ids=str
+)
+def test_a_forked_child_takes_ids_of_its_own_without_waiting_on_its_parents_guard(
+    store_kind: str, cache_kind: str, sqlite_url: str, name: str, tmp_path: Path
+) -> None:
+    """A child forked while its parent holds the rest of a sub-block, and while the
+    allocator's guard is held (as by another thread of the parent, mid-refill), hands
+    out none of its parent's ids, and takes its own without waiting for a lock that no
+    thread of it will release."""
+    cache_url = CACHE_URLS[cache_kind]
+    if cache_url != "memory://":
+        require(cache_url)
+    with Target(store_url_for(store_kind, sqlite_url), cache_url).connect() as kit:
+        ids = kit.ids(name, block=100, sub_block=10)
+        parent = [ids.next()]  # 2 … 10 are in hand
+        guard = ids.roles.guard._lock
+        assert guard.acquire(blocking=False)
+        try:
+            pid = _fork(
+                tmp_path, 0, lambda: json.dumps(kit.ids(name, block=100, sub_block=10).take(15))
+            )
+        finally:
+            guard.release()
+        parent += ids.take(15)
+        assert _wait_exit(pid, tmp_path) == 0, (tmp_path / "child-0").read_text()
+    child = json.loads((tmp_path / "child-0").read_text())
+    assert parent[:10] == list(range(1, 11))  # the parent hands out its sub-block
+    assert len(child) == 15
+    assert not set(parent) & set(child)
+
+
 def test_kits_opened_and_closed_for_weeks_leave_no_fork_or_exit_hooks(sqlite_url: str) -> None:
     """One at-fork and one at-exit hook serve every live object, weakly held: a closed
     kit leaves nothing registered, and fork does not slow down as kits come and go."""

@@ -1,6 +1,6 @@
 """The id allocator's guarantee under faults: many processes take ids while the cache is
 wiped and takers are SIGKILLed and replaced; no id is ever handed out twice, and every
-process's ids increase.
+process's ids increase; with sub-blocks, every id the store reserved is accounted for.
 
 Takers are forked (entry point in ``ids_workers.py``); each appends every id it is handed
 to its own file before taking the next, so a SIGKILL loses only an id no caller saw (a
@@ -30,6 +30,7 @@ import redis
 import ids_workers as iw
 import shardkit
 from backends import PREFIX, store_url_for, wait_for
+from shardkit.counters.ids import SUB_BLOCK
 
 FORK = multiprocessing.get_context("fork")
 DEADLINE = 30.0  # seconds: a generous bound for anything a test waits for
@@ -63,11 +64,14 @@ class Outcome:
 
 
 class Takers:
-    """``count`` slots of taker processes (``ids_workers.taker``) on one allocator; a
-    killed taker is replaced by a new process, with its own kit and its own file."""
+    """``count`` slots of taker processes (``ids_workers.taker``, one thread each) on one
+    allocator; a killed taker is replaced by a new process, with its own kit and its own
+    file."""
 
-    def __init__(self, where: iw.Where, name: str, block: int, directory: Path, count: int):
-        self.where, self.name, self.block, self.directory = where, name, block, directory
+    def __init__(
+        self, where: iw.Where, name: str, blocks: tuple[int, int], directory: Path, count: int
+    ):
+        self.where, self.name, self.blocks, self.directory = where, name, blocks, directory
         self.start, self.stop = FORK.RawValue("b", 0), FORK.RawValue("b", 0)
         self.runs: list[Run] = []  # every taker ever started
         self.running = [self._launch(slot) for slot in range(count)]
@@ -75,7 +79,7 @@ class Takers:
     def _launch(self, slot: int) -> Run:
         path = str(self.directory / f"taker{slot:02d}-{len(self.runs):03d}.ids")
         report, send = FORK.Pipe(duplex=False)
-        args = (self.where, self.name, self.block, path, self.start, self.stop, send)
+        args = (self.where, self.name, *self.blocks, [path], self.start, self.stop, send)
         proc = FORK.Process(target=iw.taker, args=args, daemon=True)
         run = Run(slot, path, proc, report)
         self.runs.append(run)
@@ -126,7 +130,7 @@ class Takers:
         self.stop.value = 1
         for run in self.running:
             assert run.report.poll(DEADLINE), f"taker {run.path} never reported"
-            taken, error = run.report.recv()
+            taken, _, error = run.report.recv()
             assert error is None, f"taker {run.path} failed:\n{error}"
             run.proc.join(DEADLINE)
             assert run.proc.exitcode == 0
@@ -144,9 +148,9 @@ class Takers:
 
 @contextmanager
 def _takers(
-    where: iw.Where, name: str, block: int, directory: Path, count: int
+    where: iw.Where, name: str, blocks: tuple[int, int], directory: Path, count: int
 ) -> Iterator[Takers]:
-    takers = Takers(where, name, block, directory, count)
+    takers = Takers(where, name, blocks, directory, count)
     try:
         yield takers
     finally:
@@ -160,6 +164,7 @@ def _take_under_faults(
     *,
     takers: int,
     block: int,
+    sub_block: int,
     total: int,
     kills: int,
     wipes: int = 0,
@@ -174,7 +179,7 @@ def _take_under_faults(
     moments = [(step * (n + random.uniform(0.75, 1.25)), "wipe") for n in range(wipes)]
     moments += [(total * random.uniform(0.05, 0.9), "kill") for _ in range(kills)]
     moments.sort()
-    with _takers(where, name, block, directory, takers) as procs:
+    with _takers(where, name, (block, sub_block), directory, takers) as procs:
 
         def reach(count: int, what: str, early: bool = False) -> None:
             wait_for(
@@ -246,8 +251,9 @@ KILLS = 5
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sub_block", [1, 10], ids=["sequence", "sub-blocks"])
 def test_ids_stay_unique_through_cache_wipes_and_killed_processes(
-    sqlite_url: str, own_redis: str, tmp_path: Path
+    sqlite_url: str, own_redis: str, tmp_path: Path, sub_block: int
 ) -> None:
     where = (store_url_for("postgres", sqlite_url), own_redis, PREFIX)
     name = f"test:{uuid.uuid4().hex}"
@@ -262,6 +268,7 @@ def test_ids_stay_unique_through_cache_wipes_and_killed_processes(
                 tmp_path,
                 takers=TAKERS,
                 block=BLOCK,
+                sub_block=sub_block,
                 total=TOTAL,
                 kills=KILLS,
                 wipes=WIPES,
@@ -277,8 +284,9 @@ def test_ids_stay_unique_through_cache_wipes_and_killed_processes(
     assert sum(run.killed for run in outcome.runs) == KILLS >= 4
     assert len(outcome.runs) == TAKERS + KILLS
     assert reserved % BLOCK == 0
-    # The wipes mattered. Each one retired every block in use: no id taken after it (after
-    # the record that may have been in flight) lies in a block that handed out an id
+    # The wipes mattered. Each one retired every block in use: after it (after the record
+    # that may have been in flight), a taker hands out first the rest of the sub-block in
+    # its hand (none with a sub-block of 1), then no id of a block that handed out an id
     # before it. And the newest of those blocks was left with ids unused, lost to the wipe.
     highest: dict[int, int] = {}  # block -> the highest id recorded in it
     for each in every:
@@ -289,8 +297,16 @@ def test_ids_stay_unique_through_cache_wipes_and_killed_processes(
         after: set[int] = set()
         for path, ids in outcome.ids.items():
             before |= _blocks(ids[: wiped.before.get(path, 0)], BLOCK)
-            after |= _blocks(ids[wiped.after[path] + 1 if path in wiped.after else 0 :], BLOCK)
         assert before, f"no ids before wipe {number}"
+        for path, ids in outcome.ids.items():
+            later = ids[wiped.after[path] + 1 if path in wiped.after else 0 :]
+            rest = []
+            for each in later:
+                if (each - 1) // BLOCK not in before:
+                    break
+                rest.append(each)
+            assert len(rest) < sub_block, f"wipe {number}: {path} went on with {rest}"
+            after |= _blocks(later[len(rest) :], BLOCK)
         assert after, f"no ids after wipe {number}"
         assert not before & after, f"wipe {number}: blocks {sorted(before & after)} lived on"
         newest = max(before)
@@ -299,6 +315,102 @@ def test_ids_stay_unique_through_cache_wipes_and_killed_processes(
     assert sum(map(bool, left_unused)) >= WIPES // 2
     # ... so they cost blocks: more were reserved than the ids alone need.
     assert reserved // BLOCK > math.ceil(len(every) / BLOCK)
+
+
+# -- sub-blocks, exactly: processes of many threads, one SIGKILLed ----------------------
+
+CREW = 3  # processes that finish
+THREADS = 4  # a process's
+EACH = 400  # ids a thread takes
+CREW_BLOCK = 100
+CREW_SUB_BLOCK = 7  # so that a block's end cuts most blocks' last sub-block short
+
+
+@pytest.mark.slow
+def test_sub_blocks_account_for_every_id_reserved_across_threads_processes_and_a_kill(
+    sqlite_url: str, own_redis: str, tmp_path: Path
+) -> None:
+    """Processes of four threads share blocks by sub-blocks while one of them is
+    SIGKILLed: no id is handed out twice, each thread's ids increase, none lies above
+    the store's mark, and every id the store reserved is handed out, in the hand of a
+    process that finished, above the count of the block in use, or lost with the killed
+    process (the rest of its sub-block and an id a thread, or a whole block it reserved
+    and died before publishing). Every block's key is read at the end: the writers
+    that waited for a killed claimant may each have started a block of their own."""
+    where = (store_url_for("postgres", sqlite_url), own_redis, PREFIX)
+    name = f"test:{uuid.uuid4().hex}"
+    start, stop = FORK.RawValue("b", 0), FORK.RawValue("b", 0)
+    procs: list[tuple[Any, list[str], Any]] = []
+
+    def launch(slot: int, count: int | None) -> tuple[Any, list[str], Any]:
+        paths = [str(tmp_path / f"crew{slot}-{thread}.ids") for thread in range(THREADS)]
+        report, send = FORK.Pipe(duplex=False)
+        blocks = (CREW_BLOCK, CREW_SUB_BLOCK)
+        args = (where, name, *blocks, paths, start, stop, send, count)
+        proc = FORK.Process(target=iw.taker, args=args, daemon=True)
+        proc.start()
+        send.close()
+        procs.append((proc, paths, report))
+        return procs[-1]
+
+    with shardkit.connect(where[0], own_redis, prefix=PREFIX) as kit:
+        allocator = kit.ids(name, block=CREW_BLOCK, sub_block=CREW_SUB_BLOCK)
+        try:
+            crew = [launch(slot, EACH) for slot in range(CREW)]
+            victim, victim_paths, _ = launch(CREW, None)  # takes until killed
+            start.value = 1
+            wait_for(
+                lambda: victim.is_alive() and sum(map(iw.recorded, victim_paths)) >= 300,
+                "the victim's ids",
+                DEADLINE,
+            )
+            victim.kill()
+            victim.join(DEADLINE)
+            assert victim.exitcode == -9
+            in_hand = []
+            for proc, _, report in crew:
+                assert report.poll(DEADLINE), "a process never reported"
+                taken, rest, error = report.recv()
+                assert error is None, error
+                proc.join(DEADLINE)
+                assert (proc.exitcode, taken) == (0, THREADS * EACH)
+                in_hand += range(rest[0], rest[1] + 1)
+        finally:
+            stop.value = 1
+            for proc, _, _ in procs:
+                if proc.is_alive():
+                    proc.kill()
+                proc.join(DEADLINE)
+        reserved = allocator.reserved()
+        # What each block's key has handed out, while it still has ids left: a block
+        # used up has none (its leaver deleted it), one never published neither.
+        marks = range(CREW_BLOCK, reserved + 1, CREW_BLOCK)
+        counts = kit.cache.get_many([allocator._key_of(mark) for mark in marks])
+    handed = {path: iw.read_ids(path) for _, paths, _ in procs for path in paths}
+    every = [each for ids in handed.values() for each in ids]
+    assert len(every) >= CREW * THREADS * EACH + 300
+    for path, ids in handed.items():
+        assert ids == sorted(ids), f"{path}: ids did not increase"
+    untaken = [
+        each
+        for mark in marks
+        if (count := counts.get(allocator._key_of(mark))) is not None
+        for each in range(count + 1, mark + 1)
+    ]
+    accounted = Counter([*every, *in_hand, *untaken])
+    twice = [each for each, times in accounted.items() if times > 1]
+    assert not twice, f"{len(twice)} ids twice (handed, in hand or untaken): {sorted(twice)[:10]}"
+    assert min(accounted) >= 1
+    assert max(accounted) <= reserved
+    missing = set(range(1, reserved + 1)) - set(accounted)
+    whole = {k for k in _blocks(list(missing), CREW_BLOCK) if k not in _blocks(every, CREW_BLOCK)}
+    lost = sorted(each for each in missing if (each - 1) // CREW_BLOCK not in whole)
+    print(
+        f"\n{len(every)} ids by {CREW} processes of {THREADS} threads and one killed; "
+        f"{len(in_hand)} in hand at the end, {len(untaken)} untaken, {len(lost)} lost with "
+        f"the killed process {lost}, {len(whole)} whole blocks lost"
+    )
+    assert len(lost) <= CREW_SUB_BLOCK - 1 + THREADS
 
 
 # -- the embedded default: SQLite file, in-process cache --------------------------------
@@ -322,6 +434,7 @@ def test_embedded_ids_stay_unique_through_killed_processes(sqlite_url: str, tmp_
             tmp_path,
             takers=EMBEDDED_TAKERS,
             block=EMBEDDED_BLOCK,
+            sub_block=SUB_BLOCK,
             total=EMBEDDED_TOTAL,
             kills=EMBEDDED_KILLS,
         )
