@@ -241,7 +241,8 @@ def main() -> None:
                     )
                     fragile = fragile_kit.sharded(f"{name}:fragile")
                     fragile.incr()
-                    fragile_ids = fragile_kit.ids(f"{name}:fragile-ids", block=100)
+                    # One id a round trip: the next finds the lost key at once.
+                    fragile_ids = fragile_kit.ids(f"{name}:fragile-ids", block=100, sub_block=1)
                     taken = [fragile_ids.next()]
                     fragile_server.restart()  # without persistence: every key is lost
                     taken.append(fragile_ids.next())  # its block's key gone: a new block
