@@ -137,12 +137,13 @@ def _keys_acknowledged(directory: Path) -> tuple[int, int]:
     return len(keys), repeated
 
 
-def _taking_ids(deployment: Deployment, directory: Path) -> tuple[str, Host]:
-    """Start id takers on every worker host, recording in ``directory``; once each host
+def _taking_ids(deployment: Deployment, directory: Path, kind: str) -> tuple[str, Host]:
+    """Start id takers on every worker host (``ids``: by sub-blocks of 10;
+    ``ids-sequence``: one id a round trip), recording in ``directory``; once each host
     has taken ids, the allocator's name and the host of the cache primary that holds its
     keys."""
     name = f"test:hosts:ids:{uuid.uuid4().hex}"
-    deployment.writers("ids", name, directory, THREADS)
+    deployment.writers(kind, name, directory, THREADS)
     for host in deployment.workers:
         deployment.goes_on(host, PROGRESS)
     with shardkit.connect(deployment.store_url, deployment.cache_url, prefix=PREFIX) as kit:
@@ -161,8 +162,9 @@ def test_ids_never_repeat_across_a_dead_primary_host(
     deployment: Deployment, tmp_path: Path
 ) -> None:
     """The host of the allocator's cache primary dies, with writers (the primary's
-    replica, on another host, takes over). No id is handed out twice, before or after."""
-    _, dead = _taking_ids(deployment, tmp_path)
+    replica, on another host, takes over). No id is handed out twice, before or after,
+    though every host's writers take sub-blocks of the shared blocks."""
+    _, dead = _taking_ids(deployment, tmp_path, "ids")
     dead.kill()
     deployment.cluster.wait_healthy()
     assert deployment.primaries_on(dead) == 0
@@ -180,8 +182,9 @@ def test_ids_never_repeat_across_a_cut_off_host_rejoining(
     writers get no id: its primary hands out nothing its replica did not acknowledge,
     and soon refuses (the cluster's majority is out of its reach). The other hosts'
     writers go on meanwhile, and the cut-off host's once it is back, above every id
-    handed out before the cut. No id is handed out twice."""
-    name, victim = _taking_ids(deployment, tmp_path)
+    handed out before the cut. No id is handed out twice. (One id a round trip: with
+    sub-blocks, the cut-off host would hand out the rest of its own.)"""
+    name, victim = _taking_ids(deployment, tmp_path, "ids-sequence")
     cut = deployment.cut_off(victim, PARTITION, PROGRESS)
     deployment.goes_on(victim, PROGRESS)
     _handed_out_once(deployment, tmp_path)

@@ -145,8 +145,8 @@ KEYED = ("sharded", "buffered-keyed")
 def _writer(kit: shardkit.Kit, kind: str, name: str, thread: int) -> Callable[[int], int]:
     """Thread ``thread``'s write of the counter ``name``: its sequence number in, the
     value to record out."""
-    if kind == "ids":
-        ids = kit.ids(name, block=50)
+    if kind.startswith("ids"):  # ids-sequence: one id a round trip, one sequence
+        ids = kit.ids(name, block=50, sub_block=1 if kind == "ids-sequence" else 10)
         return lambda _: ids.next()
     counter: Any = kit.sharded(name, shards=8) if kind == "sharded" else kit.buffered(name)
 
