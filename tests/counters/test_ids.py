@@ -11,6 +11,7 @@ import redis
 import shardkit
 from backends import CACHE_URLS, PREFIX, RefusingCache, Target, require, run_together
 from shardkit._program import Blocking
+from shardkit.counters.base import incarnation_key
 from shardkit.counters.ids import Guard, IdCore
 from shardkit.errors import BackendError, CounterKindMismatch, ValidationError
 from shardkit.store import Store
@@ -59,7 +60,8 @@ def test_a_lost_cache_continues_above_every_id_handed_out(
     ids = kit.ids(name, block=100, sub_block=sub_block)
     before = ids.take(3)
     reserved = ids.reserved()  # 200 with a block published ahead
-    for key in (ids._key_of(100), ids._key_of(200), ids._pointer_key):  # all is lost
+    claim = incarnation_key(kit.settings, ids.info, "ids:claim:100")  # its publisher's
+    for key in (ids._key_of(100), ids._key_of(200), ids._pointer_key, claim):  # all lost
         kit.cache.delete(key)
     after = ids.take(10)
     rest = list(range(4, sub_block + 1))  # 4 … 10 with a sub-block of 10

@@ -307,9 +307,6 @@ class IdCore(CounterCore):
             claim = incarnation_key(self._options, self.info, f"ids:claim:{mark}")
             if (yield from call(Cache.add, claim, 1, _CLAIM_WAIT * 2)):
                 yield from self._released_if_failing(claim, self._publish())
-                # Published: a writer that finds the block lost (no pointer either)
-                # claims the next at once instead of waiting for this claim to expire.
-                yield from call(Cache.delete, claim)
                 count = yield from call(Cache.get, self._key_of(mark))
                 if count is not None and count >= mark:
                     yield from call(Cache.delete, self._key_of(mark))
