@@ -146,6 +146,9 @@ def run_together(count: int, work: Callable[[int], object]) -> None:
         raise errors[0]
 
 
+POLL_CAP = 0.05  # seconds: the longest pause between two polls of wait_for
+
+
 def wait_for(
     condition: Callable[[], bool],
     what: str,
@@ -153,14 +156,19 @@ def wait_for(
     status: Callable[[], object] = lambda: "",
 ) -> None:
     """Poll ``condition`` until it holds; fail the test after ``timeout`` seconds, naming
-    ``what`` it waited for and ``status()``."""
+    ``what`` it waited for and ``status()``. The pauses between polls grow from 5 ms to
+    ``POLL_CAP``: a short wait ends within milliseconds, and a wait of seconds asks a
+    few dozen times a second, not two hundred (a condition may read a database, scrape
+    metrics or start a process)."""
     deadline = time.monotonic() + timeout
+    pause = 0.005
     while not condition():
         if time.monotonic() > deadline:
             import pytest
 
             pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} {status()}")
-        time.sleep(0.005)
+        time.sleep(pause)
+        pause = min(pause * 1.5, POLL_CAP)
 
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
