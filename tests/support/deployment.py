@@ -23,7 +23,7 @@ import sqlalchemy as sa
 
 from backends import PREFIX, SUPPORT, Samples, parse_samples, sample, scrape, wait_for
 from celery_app import Config
-from host_work import Call, acknowledged, calls
+from host_work import Call, acknowledged_count, calls
 from hosts import Host, Hosts
 from servers import PostgresServer, RedisClusterServers, RedisServer, running
 
@@ -172,7 +172,7 @@ class Deployment:
     def acked(self, host: Host | None = None) -> int:
         """The writes acknowledged so far (on ``host``'s writers)."""
         pids = [process.pid for each, process, _ in self.started if host in (None, each)]
-        return sum(len(acknowledged(self.directory, pid)) for pid in pids)
+        return sum(acknowledged_count(self.directory, pid) for pid in pids)
 
     def pid(self, host: Host) -> int:
         """The process id of ``host``'s writers."""

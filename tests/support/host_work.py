@@ -81,6 +81,13 @@ def acknowledged(directory: Path, pid: int | None = None) -> list[int]:
     return [call.value for made in calls(directory, pid).values() for call in made]
 
 
+def acknowledged_count(directory: Path, pid: int | None = None) -> int:
+    """How many records the threads in ``directory`` (process ``pid``'s) made: the
+    length of ``acknowledged``, from the files' sizes (polled while writers write)."""
+    paths = directory.glob(f"{pid or '*'}-*.acks")
+    return sum(path.stat().st_size // RECORD.size for path in paths)
+
+
 def failures(directory: Path, pid: int | None = None) -> int:
     """How many writes failed in ``directory``'s threads (process ``pid``'s)."""
     return sum(path.stat().st_size for path in directory.glob(f"{pid or '*'}-*.failures"))
