@@ -1700,9 +1700,11 @@ def closure_job(table: sa.Table, fail: threading.Event | None = None) -> Callabl
     return fn
 
 
-def collected(ref: weakref.ref[Any]) -> bool:
+def collected(*refs: weakref.ref[Any]) -> bool:
+    """Whether every object of ``refs`` is gone, after one full collection (a pass over
+    the whole heap of a worker that has run many tests)."""
     gc.collect()
-    return ref() is None
+    return all(ref() is None for ref in refs)
 
 
 def test_finished_jobs_release_their_functions(kit: shardkit.Kit, tables: Tables) -> None:
@@ -1714,7 +1716,7 @@ def test_finished_jobs_release_their_functions(kit: shardkit.Kit, tables: Tables
         kit.map(table, fn, transactional=True, page_size=50).wait(WAIT)
         del fn
     assert values(kit, table) == plus(initial, 50)
-    assert all(collected(ref) for ref in done)  # complete: released
+    assert collected(*done)  # complete: released
 
     fail = threading.Event()
     fail.set()
