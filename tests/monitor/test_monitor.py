@@ -464,7 +464,7 @@ def test_the_dashboard_lists_counters_with_their_parts(
     hits.incr(9)
     hits.flush()
     hits.incr(2)
-    kit.ids(prefix + "ids", block=50).next()
+    kit.ids(prefix + "ids", block=50, sub_block=1).next()  # no block reserved ahead
     kit.monotonic(prefix + "seq").incr(3)
     found = client.get("/api/counters", params={"prefix": prefix}).json()["counters"]
     assert found == [

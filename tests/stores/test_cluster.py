@@ -326,7 +326,7 @@ def test_a_primary_listing_a_silent_replica_hands_out_no_id_until_it_drops_it(
     ):
         cache = kit.cache
         assert isinstance(cache, RedisClusterCache)
-        ids = kit.ids(name, block=1000)
+        ids = kit.ids(name, block=1000, sub_block=1)  # each id an increment
         before = ids.take(3)
         primary = node_named(cluster, cache.owner(ids._key))
         [replica] = [
