@@ -196,16 +196,24 @@ def _take_under_faults(
         procs.start.value = 1
         began = time.monotonic()
         done: list[Wipe] = []
+        floor = 0  # ids recorded past which a wipe's effect has been seen
         for at, what in moments:
-            reach(round(at), what, early=what == "wipe")
+            reach(max(round(at), floor), what, early=what == "wipe")
             if what == "kill":
                 procs.kill_one()
             else:
                 assert wipe is not None
                 before = procs.counts()
                 wipe()
-                done.append(Wipe(before, procs.counts()))
-        reach(total, "the end")
+                after = procs.counts()
+                done.append(Wipe(before, after))
+                # After a wipe, a taker records at most one id in flight and the rest of
+                # the sub-block in its hand from the blocks the wipe retired: this many
+                # ids more, and some taker has gone on in a new block (the takers can
+                # outrun the polls, so a late wipe is not followed by the next moment's
+                # ids alone).
+                floor = sum(after.values()) + takers * (sub_block + 1)
+        reach(max(total, floor), "the end")
         procs.finish()
         seconds = time.monotonic() - began
         runs = procs.runs

@@ -33,9 +33,11 @@ HOLD = 58  # the advisory lock with which the test holds the store's commits
 
 @contextlib.contextmanager
 def _commits_held(deployment: Deployment, host: Host) -> Iterator[None]:
-    """Within the block, every commit of a write to the store's shard rows waits at the
-    store (a deferred trigger of the test's own waits for an advisory lock the test
-    holds), one of ``host``'s among them (awaited); they are made as the block exits."""
+    """Within the block, every commit of ``host``'s writes to the store's shard rows
+    waits at the store (a deferred trigger of the test's own waits for an advisory lock
+    the test holds), one at least (awaited); they are made as the block exits. Only
+    ``host``'s: a held commit of another host would keep its shard row locked, and
+    ``host``'s writes could all come to wait for those rows instead, before commit."""
     engine = sa.create_engine(deployment.store_url)
     shards, hold = f"{PREFIX}shards", f"{PREFIX}held"
     waiting = sa.text(
@@ -49,7 +51,8 @@ def _commits_held(deployment: Deployment, host: Host) -> Iterator[None]:
             with engine.begin() as ddl:
                 ddl.exec_driver_sql(
                     f"CREATE FUNCTION {hold}() RETURNS trigger LANGUAGE plpgsql AS"
-                    f" $$ BEGIN PERFORM pg_advisory_xact_lock_shared({HOLD}); RETURN NULL; END $$"
+                    f" $$ BEGIN IF inet_client_addr() = '{host.address}' THEN"
+                    f" PERFORM pg_advisory_xact_lock_shared({HOLD}); END IF; RETURN NULL; END $$"
                 )
                 ddl.exec_driver_sql(
                     f"CREATE CONSTRAINT TRIGGER {hold} AFTER INSERT OR UPDATE ON {shards}"
