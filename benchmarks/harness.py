@@ -21,9 +21,12 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from rich.console import Console
+
+Start = Literal["spawn", "fork"]
+"""How a crew's processes start (``Crew``)."""
 
 Op = Callable[[], object]
 """One write; returning means the store acknowledged it."""
@@ -115,19 +118,26 @@ def _write_until(ops: list[Op], counts: list[int], deadline: float) -> None:
 
 
 class Crew:
-    """``writers`` spawned processes that run timed phases together, each with
-    ``threads`` writing threads.
+    """``writers`` processes that run timed phases together, each with ``threads``
+    writing threads, started by ``start`` (``spawn``: each imports what it runs, as an
+    application's workers that import it after they start; ``fork``: children of this
+    process, sharing the memory pages of what it imported, as workers forked from a
+    parent that imported the application).
 
     Each phase: every writer sets up (connects, warms up), then all are released by one
     Event at once, so neither process start-up nor connecting is measured. A failing
     writer makes ``run`` raise ``RuntimeError``. Use as a context manager.
     """
 
-    def __init__(self, writers: int, threads: int = 1) -> None:
+    def __init__(self, writers: int, threads: int = 1, start: Start = "spawn") -> None:
         if writers < 1 or threads < 1:
             raise ValueError("a crew needs at least one writer, of at least one thread")
         self.threads = threads
-        ctx = multiprocessing.get_context("spawn")
+        ctx = (
+            multiprocessing.get_context("fork")
+            if start == "fork"
+            else multiprocessing.get_context("spawn")
+        )
         self._start = ctx.Event()
         self._reports: Any = ctx.Queue()
         self._tasks: list[Any] = [ctx.Queue() for _ in range(writers)]
@@ -223,14 +233,15 @@ def run_grid(
     run: Callable[[Crew, int, str], None],
     console: Console,
     threads: int = 1,
+    start: Start = "spawn",
 ) -> None:
     """Call ``run(crew, writers, mode)`` ``repeat`` times for every writer count and mode,
     modes interleaved within each repetition, each repetition starting one mode further
     on (every mode takes each place in turn), one crew (of ``threads`` threads per
-    writer) per writer count."""
+    writer, started by ``start``) per writer count."""
     each = "" if threads == 1 else f" x {threads} threads"
     for writers in writer_counts:
-        with Crew(writers, threads) as crew:
+        with Crew(writers, threads, start) as crew:
             for number in range(repeat):
                 turn = number % len(modes)
                 for mode in modes[turn:] + modes[:turn]:
