@@ -119,10 +119,15 @@ def _after_in_parent() -> None:
 
 
 def _after_in_child() -> None:
+    """Every registered object's reset, each one whatever the others did: one that
+    raises is logged, and the rest still drop their parent's connections."""
     global _LOCK
     _LOCK = threading.Lock()
     for owner, reset in list(_OWNERS.items()):
-        reset(owner)
+        try:
+            reset(owner)
+        except Exception:
+            log.exception("a forked child failed to reset its %s", type(owner).__qualname__)
 
 
 if sys.platform != "win32":  # no fork there

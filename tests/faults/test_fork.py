@@ -387,3 +387,40 @@ def test_kits_opened_and_closed_for_weeks_leave_no_fork_or_exit_hooks(sqlite_url
         assert kit.cache in _fork._OWNERS
         assert kit.executor in _fork._OWNERS
         assert kit.executor in local._OPEN
+
+
+class _Held:
+    """An object registered for a reset in forked children (``reset_in_child``)."""
+
+    reset = False
+
+
+def test_a_reset_that_raises_in_a_forked_child_leaves_the_others_to_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A child runs every registered reset, though one before it raised (logged)."""
+    from shardkit import _fork as hooks
+
+    def fail(_: object) -> None:
+        raise RuntimeError("this reset fails")
+
+    def mark(owner: _Held) -> None:
+        owner.reset = True
+
+    failing, held = _Held(), _Held()
+    hooks.reset_in_child(failing, fail)  # registered first: it runs first
+    hooks.reset_in_child(held, mark)
+
+    def work() -> str:
+        logged = [r.getMessage() for r in caplog.records if r.name == "shardkit"]
+        return json.dumps({"reset": held.reset, "logged": logged})
+
+    with caplog.at_level(logging.ERROR, logger="shardkit"):
+        pid = _fork(tmp_path, 0, work)
+        assert _wait_exit(pid, tmp_path) == 0, (tmp_path / "child-0").read_text()
+    report = json.loads((tmp_path / "child-0").read_text())
+    assert report == {
+        "reset": True,
+        "logged": ["a forked child failed to reset its _Held"],
+    }
+    assert held.reset is False  # the parent's own object is left alone
