@@ -17,7 +17,7 @@ from shardkit._program import run
 from shardkit.counters.sharded import held_ticket, take_ticket
 from shardkit.kit import Kit
 from shardkit.store.sql import unprepare_behind_pooler
-from shardkit.store.sql.dialect import LibpqStatement
+from shardkit.store.sql.dialect import IDLE, LibpqStatement
 
 from .conf import database
 
@@ -88,7 +88,7 @@ def counted_names(connection: Any, sql: str, params: Sequence[Any], *, one: bool
             session = _Session.of(raw)
         prepare, begin = session.prepare, None
         if not raw.autocommit:
-            if raw.pgconn.transaction_status == _IDLE:
+            if raw.pgconn.transaction_status == IDLE:
                 begin = _begin(raw.isolation_level, raw.read_only, raw.deferrable)
                 if not prepare:
                     session.run(raw, begin, ())
@@ -171,7 +171,6 @@ def _begin(isolation_level: int | None, read_only: bool | None, deferrable: bool
 
 
 _Names = Callable[[Sequence[Any]], list[str]]
-_IDLE = 0  # libpq's PQTRANS_IDLE: no transaction begun on the server
 _sessions: weakref.WeakKeyDictionary[Any, _Session] = weakref.WeakKeyDictionary()
 
 

@@ -335,7 +335,8 @@ def _text(values: Sequence[int | str], encoding: str) -> list[bytes]:
 
 
 _MISSING = b"26000"  # invalid_sql_statement_name: not prepared in this session
-_IDLE = 0  # libpq's PQTRANS_IDLE: no transaction open on the connection
+IDLE = 0
+"""libpq's ``PQTRANS_IDLE`` (a connection's ``transaction_status``): no transaction open."""
 COMMIT = "COMMIT"
 """The statement a ``DBAPIError`` names when the ``COMMIT`` sent with a statement failed
 (``Compiled.run``): the transaction is over, rolled back by the database."""
@@ -397,7 +398,7 @@ class Compiled:
             except conn.dialect.loaded_dbapi.Error as exc:
                 # A COMMIT that failed ended the transaction; a statement that failed
                 # left it aborted, the COMMIT sent with it not run.
-                ended = commit and dbapi_connection.pgconn.transaction_status == _IDLE
+                ended = commit and dbapi_connection.pgconn.transaction_status == IDLE
                 raise self._failure(conn, values, None, exc, committing=ended) from exc
         return self._on_cursor(conn, values, _row_count)
 
@@ -504,4 +505,13 @@ class Compiled:
         return LibpqStatement(re.sub(r"%\((\w+)\)s|%%", placeholder, self.sql)), names
 
 
-__all__ = ["COMMIT", "Compiled", "Dialect", "LibpqStatement", "Text", "added", "greatest_of"]
+__all__ = [
+    "COMMIT",
+    "IDLE",
+    "Compiled",
+    "Dialect",
+    "LibpqStatement",
+    "Text",
+    "added",
+    "greatest_of",
+]
