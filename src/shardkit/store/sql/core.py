@@ -30,7 +30,7 @@ from shardkit.store.base import IDS, RETIRED, CounterInfo, Deleted, Flushed, che
 from shardkit.validation import sums_fit
 
 from .dialect import COMMIT, Dialect, added, greatest_of
-from .schema import Tables, table_names
+from .schema import Tables, missing_tables
 
 _T = TypeVar("_T")
 _DEADLOCK_RETRIES = 5
@@ -156,9 +156,7 @@ class SqlCore(Tables):
         interleave."""
 
         def work(conn: Connection) -> None:
-            present = table_names(conn)
-            missing = [table for table in metadata.sorted_tables if table.name not in present]
-            metadata.create_all(conn, tables=missing, checkfirst=False)
+            metadata.create_all(conn, tables=missing_tables(conn, metadata), checkfirst=False)
             upgrade(conn)
 
         attempts = len(metadata.tables) + 1

@@ -89,8 +89,7 @@ class Tables:
     def schema_in(self, conn: Connection) -> bool:
         """Whether every table is in the database ``conn`` reaches (one query), and
         current (``check_current``)."""
-        present = table_names(conn)
-        if not all(table.name in present for table in self.metadata.sorted_tables):
+        if missing_tables(conn, self.metadata):
             return False
         self.check_current(conn)
         return True
@@ -113,10 +112,11 @@ class Tables:
 # engine opened and closed would be kept (about 830 objects) until 128 others pushed it out.
 
 
-def table_names(conn: Connection) -> set[str]:
-    """The names of the tables in the database ``conn`` reaches (its default schema):
-    one query."""
-    return set(sa.inspect(conn).get_table_names())
+def missing_tables(conn: Connection, metadata: sa.MetaData) -> list[sa.Table]:
+    """``metadata``'s tables that the database ``conn`` reaches (its default schema)
+    lacks, in dependency order: one query."""
+    present = set(sa.inspect(conn).get_table_names())
+    return [table for table in metadata.sorted_tables if table.name not in present]
 
 
 def column_names(conn: Connection, table: sa.Table) -> set[str]:
@@ -126,4 +126,4 @@ def column_names(conn: Connection, table: sa.Table) -> set[str]:
     return set(conn.execute(query.where(sa.false())).keys())
 
 
-__all__ = ["Tables", "column_names", "table_names"]
+__all__ = ["Tables", "column_names", "missing_tables"]
