@@ -22,8 +22,7 @@ The writer processes are spawned (``--start spawn``: each imports what it runs, 
 workers that import the application after they start) or forked from the benchmark
 (``--start fork``: sharing the pages of what it imported, as workers forked from a
 parent that imported the application, such as Celery's prefork pool or gunicorn's
-``--preload``). Many processes on few cores run the library's writes faster forked: the
-spawned processes' own copies of the same code and objects crowd the CPU's caches.
+``--preload``). The two can differ much: the dated results give both.
 
     python benchmarks/hot_counter.py --store postgresql://postgres@127.0.0.1:5432/test \\
         --cache redis://127.0.0.1:6379/12 --repeat 3
