@@ -228,10 +228,12 @@ class KitCore(Generic[_S, _B, _M, _I]):
     @rule
     def ids(self, name: str, block: int = 1000, sub_block: int = SUB_BLOCK) -> Program[_I]:
         """The id allocator ``name``: unique ids, reserved in the store ``block`` at a
-        time, and taken from a block by this process ``sub_block`` at a time (one cache
-        round trip each; both 1 … 2**40, settings of this process: processes may use
-        their own). Ids increase within a process; across the processes that share a
-        cache too when each of them uses ``sub_block=1`` (one cache round trip per id)."""
+        time (with sub-blocks on a shared cache, up to 64 times that while writers find a
+        block used up before the next is published), and taken from a block by this
+        process ``sub_block`` at a time (one cache round trip each; both 1 … 2**40,
+        settings of this process: processes may use their own). Ids increase within a
+        process; across the processes that share a cache too when each of them uses
+        ``sub_block=1`` (one cache round trip per id)."""
         check_name(name)
         size = check_block(block)
         share = check_block(sub_block, "sub_block")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -11,8 +14,9 @@ import redis
 import shardkit
 from backends import CACHE_URLS, PREFIX, RefusingCache, Target, require, run_together
 from shardkit._program import Blocking
+from shardkit.cache.redis import RedisCache
 from shardkit.counters.base import incarnation_key
-from shardkit.counters.ids import Guard, IdCore
+from shardkit.counters.ids import Guard, IdCore, block_key
 from shardkit.errors import BackendError, CounterKindMismatch, ValidationError
 from shardkit.store import Store
 
@@ -117,9 +121,9 @@ def test_kits_sharing_a_cache_take_sub_blocks_of_shared_blocks_and_hand_each_id_
     store_url: str, name: str
 ) -> None:
     """Two kits (as two processes would) alternate, each handing out its sub-blocks of
-    4 in turn; a block's end cuts a sub-block short (9-10), and the writer that takes a
-    block's first sub-block publishes the next block ahead: a kit that joins, or uses
-    up its block, moves to it at once."""
+    4 in turn; a block's end cuts a sub-block short (9-10), and the kit that reserved a
+    block publishes the next ahead once it takes a sub-block of it: a kit that joins,
+    or uses up its block, moves to the newest at once."""
     require(CACHE_URLS["redis"])
     target = Target(store_url, CACHE_URLS["redis"])
     with target.connect() as one, target.connect() as two:
@@ -129,7 +133,9 @@ def test_kits_sharing_a_cache_take_sub_blocks_of_shared_blocks_and_hand_each_id_
             for index in (0, 1):
                 taken[index].append(ids[index].next())
         assert taken == [[*range(1, 11), 21, 22], [*range(11, 21), 31, 32]]
-        assert ids[0].reserved() == 50
+        # One reserved every block: 1-10, 11-20 ahead, 21-30 (two had used 11-20 up
+        # before one took any of it) and 31-40 ahead.
+        assert ids[0].reserved() == 40
 
 
 def test_a_cache_wiped_mid_sub_block_moves_each_kit_above_every_id_once_its_own_is_used(
@@ -144,11 +150,129 @@ def test_a_cache_wiped_mid_sub_block_moves_each_kit_above_every_id_once_its_own_
         ids = [kit.ids(name, block=100, sub_block=10) for kit in (one, two)]
         before = [each.take(3) for each in ids]
         assert before == [[1, 2, 3], [101, 102, 103]]  # two joins the block published ahead
-        assert ids[0].reserved() == 300
+        assert ids[0].reserved() == 200
         wipe.flushdb()  # this worker's own server
         after = [each.take(9) for each in ids]
-        assert after == [[*range(4, 11), 301, 302], [*range(104, 111), 401, 402]]
-        assert ids[0].reserved() == 600
+        # One starts a block and publishes the next ahead, which two joins.
+        assert after == [[*range(4, 11), 201, 202], [*range(104, 111), 301, 302]]
+        assert ids[0].reserved() == 400
+
+
+class Publishing(RedisCache):
+    """Redis, calling ``during(mark, start)`` whenever it is asked to add the key of a
+    block ``start + 1 … mark`` of the allocator its ``blocks`` pattern matches: as the
+    block's publisher does, once it has reserved the block and before it points the
+    allocator at it."""
+
+    blocks = re.compile("")
+    during: Callable[[int, int], None] = staticmethod(lambda mark, start: None)
+
+    def add(self, key: str, value: int, ttl: float | None) -> bool:
+        found = self.blocks.fullmatch(key)
+        if found:
+            self.during(int(found[1]), value)
+        return super().add(key, value, ttl)
+
+
+@dataclass
+class Published:
+    """What the blocks of one allocator were, in the order they were published."""
+
+    sizes: list[int] = field(default_factory=list)
+    used_up: list[int] = field(default_factory=list)
+    """The marks of the blocks in use that a writer found used up while the next was
+    being published."""
+    reserved: int = 0
+    """The store's mark at the end."""
+    grown: int | None = None
+    """The size the blocks have grown to, as the cache holds it at the end."""
+    grown_for: float = 0.0
+    """Seconds that size has left to live."""
+
+
+def _publish_while_others_take(
+    store_url: str, name: str, others_take: int, count: int
+) -> Published:
+    """One kit (a process) takes ``count`` ids of an allocator of blocks of 10, 2 at a
+    time; while it publishes a block, other processes' writers take ``others_take`` ids
+    of the block in use, 2 at a time (as they would while the reservation takes long),
+    up to the first of them that finds it used up (that one waits for the block being
+    published)."""
+    require(CACHE_URLS["redis"])
+    published = Published()
+    cache = Publishing.from_url(CACHE_URLS["redis"])
+    with (
+        shardkit.connect(store_url, cache, prefix=PREFIX) as kit,
+        redis.Redis.from_url(CACHE_URLS["redis"]) as other,
+    ):
+        ids = kit.ids(name, block=10, sub_block=2)
+
+        def others(mark: int, start: int) -> None:
+            published.sizes.append(mark - start)
+            in_use = other.get(ids._pointer_key)
+            if in_use is None:  # the first block
+                return
+            for _ in range(others_take // 2):
+                top = other.incrby(block_key(kit.settings, name, int(in_use)), 2)
+                if top - 2 >= int(in_use):
+                    published.used_up.append(int(in_use))
+                    break
+
+        pattern = re.escape(block_key(kit.settings, name, 123456789))
+        cache.blocks = re.compile(pattern.replace("123456789", r"(\d+)"))
+        cache.during = others
+        ids.take(count)
+        published.reserved = ids.reserved()
+        grown = incarnation_key(kit.settings, ids.info, "ids:block")
+        published.grown = kit.cache.get(grown)
+        published.grown_for = other.pttl(grown) / 1000
+    return published
+
+
+def test_blocks_grow_when_a_writer_finds_the_block_in_use_used_up_before_the_next_is_out(
+    store_url: str, name: str
+) -> None:
+    """While each block is published, the others take 16 ids of the one in use: a block
+    of 10 is used up first, and a writer waits. The blocks published from then on are
+    twice as large, by every process (the size is in the cache, for a minute); only
+    once: the block published while the last block of 10 is in use comes late too, but
+    is already larger. Blocks of 20 outlast their publication: no writer finds one used
+    up, and they grow no more."""
+    published = _publish_while_others_take(store_url, name, 16, 12)
+    assert published.sizes == [10, 10, 20, 20, 20]
+    assert published.used_up == [10, 20]  # no writer waits once the blocks have grown
+    assert published.reserved == sum(published.sizes) == 80
+    assert published.grown == 20
+    assert 50 < published.grown_for <= 60
+
+
+def test_blocks_grow_to_64_times_block_at_most(store_url: str, name: str) -> None:
+    """Others use up the block in use while each block is published: the blocks double
+    with every other block published (the one published while a smaller block is in
+    use does not count), up to 640. Each sub-block of 2 the kit takes is the first of
+    a block it published: 18 published ahead, after the one it started."""
+    published = _publish_while_others_take(store_url, name, 10**6, 36)
+    assert published.sizes == [10 * 2 ** min(k // 2, 6) for k in range(19)]
+    assert len(published.used_up) == 18
+    assert published.grown == 640
+
+
+@pytest.mark.parametrize(
+    ("sub_block", "grown", "reserved"), [(2, 3, 20), (2, 40, 80), (2, 10**6, 1280), (1, 40, 10)]
+)
+def test_a_process_reserves_the_size_grown_to_within_its_own_bounds(
+    store_url: str, name: str, sub_block: int, grown: int, reserved: int
+) -> None:
+    """The size the blocks have grown to, in the cache, is every process's that shares
+    it and takes sub-blocks, within its own bounds (processes may use blocks of their
+    own): ``block`` … 64 times ``block``. A process starts a block and publishes the next
+    ahead (not with a sub-block of 1: its blocks are of ``block`` ids)."""
+    require(CACHE_URLS["redis"])
+    with Target(store_url, CACHE_URLS["redis"]).connect() as kit:
+        ids = kit.ids(name, block=10, sub_block=sub_block)
+        assert kit.cache.add(incarnation_key(kit.settings, ids.info, "ids:block"), grown, 60)
+        assert ids.next() == 1
+        assert ids.reserved() == reserved
 
 
 @pytest.mark.parametrize("what", ["block", "sub_block"])

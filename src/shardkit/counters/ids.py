@@ -2,8 +2,8 @@
 store before any of their ids is handed out.
 
 Each *generation* of an allocator owns one block: the store raises the allocator's
-high-water mark by ``block`` (atomically, durably) and the block ``mark - block + 1 …
-mark`` belongs to that generation alone. Its ids are handed out by incrementing one cache
+high-water mark by the block's size (atomically, durably) and the block ``mark - size +
+1 … mark`` belongs to that generation alone. Its ids are handed out by incrementing one cache
 key, ``ids:<mark>``, created once at the block's start. An id is handed out only if it
 lies inside the block of the key that produced it, so ids of different generations can
 never meet, and within a generation the cache's atomic increment hands each id out once.
@@ -29,10 +29,15 @@ cache) and the others wait for it. With a sub-block of 1, ids increase across pr
 too (one sequence). With a larger one — the default, as a PostgreSQL sequence's
 ``CACHE`` — only within each process: a process hands out the rest of its sub-block
 after others have moved past it, and after a cache loss, before it moves to a new block;
-and the writer that takes a block's first ids publishes the next block ahead, so that
-the writers that use a block up find the next one published instead of waiting for it
-(a process that starts takes its ids from the newest). With the in-process cache each
-process has its own blocks: ids increase within the process.
+and the process that reserved a block publishes the next ahead once it takes a
+sub-block of it, so that the writers that use a block up find the next one published
+instead of waiting for it (a process that starts takes its ids from the newest). Blocks
+are of ``block`` ids, but when a writer found the block in use used up before the next
+was published all the same, the blocks published from then on are twice as large (up
+to 64 times ``block``, for a minute: a size in the cache that every process sharing it
+reserves), until a block outlasts the publication of the next. Only the process that
+reserved a block needs to know its size. With the in-process cache each process has its
+own blocks, of ``block`` ids: ids increase within the process.
 """
 
 from __future__ import annotations
@@ -71,6 +76,10 @@ _ATTEMPTS = 5
 # How long a writer waits for the writer that claimed the next block to publish it,
 # before reserving one itself (that writer may have died).
 _CLAIM_WAIT = 5.0
+# How many times ``block`` the blocks published ahead may grow to.
+_GROWTH = 64
+# Seconds a grown size lasts, from its first growth: then blocks start from ``block`` again.
+_GROWN_FOR = 60.0
 _PREPARING = metrics.action("publishing the next id block ahead")
 SUB_BLOCK = 50
 """Ids a process takes from a block at a time by default: one cache round trip per 50
@@ -135,7 +144,9 @@ class IdCore(CounterCore):
         roles = options.roles
         self.roles = IdRoles(roles.store, roles.cache, roles.adjuster, guard, clock)
         self.block = check_block(block)
-        """Ids reserved in the store at a time."""
+        """Ids reserved in the store at a time, at least: with sub-blocks on a shared
+        cache, blocks grow up to 64 times that while they are used up before the next
+        is published."""
         self.sub_block = check_block(sub_block, "sub_block")
         """Ids this process takes from a block at a time, through the cache."""
         # Processes that share sub-blocks of a block publish the next one ahead (not
@@ -145,6 +156,9 @@ class IdCore(CounterCore):
         self._pointer_key = pointer_key(options, info)
         self._mark = 0  # the generation written to: its block ends at this id
         self._key = ""
+        # The generation this process published last, and its block's size, until the
+        # process takes ids of it (and publishes the next ahead).
+        self._published = (0, 0)
         self._forked()
         reset_in_child(self, IdCore._forked)
 
@@ -296,20 +310,27 @@ class IdCore(CounterCore):
         return None
 
     def _prepare(self, mark: int, first: int, top: int) -> Program[None]:
-        """For a writer whose sub-block ``first … top`` of block ``mark`` holds the
-        block's middle id (one writer's): publish the next generation, so that the
-        writers that find ``mark`` used up adopt it at once instead of claiming it and
-        waiting. For the one whose sub-block holds its last id: delete the spent key
-        once the next generation is published (the publisher deletes it if it finds it
-        spent by then: one of the two sees the other's step; and a writer that has to
-        start a generation itself deletes the key it leaves)."""
-        if first <= mark - self.block + 1 <= top:
+        """For the first writer of the process that published generation ``mark`` to
+        take a sub-block of it (``first … top``): publish the next generation, so that
+        the writers that find ``mark`` used up adopt it at once instead of claiming it
+        and waiting. If one found it used up before (its sub-block past the end: it
+        waited), the blocks published from then on are twice the one just published
+        (``_grow``), unless that one is already larger than ``mark``'s. For the writer
+        whose sub-block holds the block's last id: delete the spent key once the next
+        generation is published (the publisher deletes it if it finds it spent by then:
+        one of the two sees the other's step; and a writer that has to start a
+        generation itself deletes the key it leaves)."""
+        published, block = self._published
+        if mark == published:
+            self._published = (0, 0)
             claim = incarnation_key(self._options, self.info, f"ids:claim:{mark}")
             if (yield from call(Cache.add, claim, 1, _CLAIM_WAIT * 2)):
-                yield from self._released_if_failing(claim, self._publish())
+                _, size = yield from self._released_if_failing(claim, self._publish())
                 count = yield from call(Cache.get, self._key_of(mark))
                 if count is not None and count >= mark:
                     yield from call(Cache.delete, self._key_of(mark))
+                    if count >= mark + self.sub_block and size <= block:
+                        yield from self._grow(size)
         if first <= mark <= top:
             pointer = yield from call(Cache.get, self._pointer_key)
             if pointer is not None and pointer > mark:
@@ -328,18 +349,39 @@ class IdCore(CounterCore):
 
     def _start(self) -> Program[None]:
         """Start a generation: publish one (``_publish``) and write to it."""
-        self._adopt((yield from self._publish()))
+        mark, _ = yield from self._publish()
+        self._adopt(mark)
 
-    def _publish(self) -> Program[int]:
+    def _publish(self) -> Program[tuple[int, int]]:
         """Reserve a block in the store (of the allocator's current incarnation:
-        ``CounterCore._follow``) and publish its generation in the cache; its mark."""
+        ``CounterCore._follow``) of ``block`` ids, or with sub-blocks on a shared cache
+        of as many as the blocks have grown to (``_grow``), and publish its generation
+        in the cache; its mark and size (``_published`` too)."""
         yield from self._follow()
-        mark = yield from call(Store.reserve, self.name, self.block)
-        metrics.meter.reserved(self.block)
-        yield from call(Cache.add, self._key_of(mark), mark - self.block, None)
+        size = self.block
+        if self._ahead:
+            grown = yield from call(Cache.get, self._size_key())
+            size = min(max(grown or 0, self.block), self.block * _GROWTH)
+        mark = yield from call(Store.reserve, self.name, size)
+        metrics.meter.reserved(size)
+        yield from call(Cache.add, self._key_of(mark), mark - size, None)
         yield from call(Cache.delete, self._pointer_key)
         yield from call(Cache.add, self._pointer_key, mark, None)
-        return mark
+        self._published = (mark, size)
+        return self._published
+
+    def _grow(self, size: int) -> Program[None]:
+        """Have the blocks published from now on be twice ``size`` (at most ``_GROWTH``
+        times ``block``), by every process that shares the cache: for ``_GROWN_FOR``
+        seconds from the first growth, then they start from ``block`` again."""
+        if 2 * size <= self.block * _GROWTH:
+            key = self._size_key()
+            if (yield from call(Cache.incr, key, size)) is None:
+                yield from call(Cache.add, key, 2 * size, _GROWN_FOR)
+
+    def _size_key(self) -> str:
+        """The cache key of the size the blocks published ahead have grown to."""
+        return incarnation_key(self._options, self.info, "ids:block")
 
     def _moved(self) -> None:
         self._pointer_key = pointer_key(self._options, self.info)
