@@ -1,6 +1,8 @@
 """The id allocator's guarantee under faults: many processes take ids while the cache is
 wiped and takers are SIGKILLed and replaced; no id is ever handed out twice, and every
 process's ids increase; with sub-blocks, every id the store reserved is accounted for.
+With sub-blocks on a shared cache the blocks grow, so the blocks the store reserved are
+recorded as it reserves them (a trigger on PostgreSQL's marks table).
 
 Takers are forked (entry point in ``ids_workers.py``); each appends every id it is handed
 to its own file before taking the next, so a SIGKILL loses only an id no caller saw (a
@@ -11,8 +13,8 @@ the wipes empty it.
 
 from __future__ import annotations
 
+import bisect
 import itertools
-import math
 import multiprocessing
 import random
 import time
@@ -26,6 +28,7 @@ from typing import Any
 
 import pytest
 import redis
+import sqlalchemy as sa
 
 import ids_workers as iw
 import shardkit
@@ -169,24 +172,43 @@ def _take_under_faults(
     kills: int,
     wipes: int = 0,
     wipe: Callable[[], None] | None = None,
+    marks: Callable[[], list[int]] | None = None,
 ) -> Outcome:
     """Run ``takers`` processes until they have recorded ``total`` ids, meanwhile calling
     ``wipe()`` ``wipes`` times and SIGKILLing (and replacing) ``kills`` takers, each at a
     moment of the workload: kills at random, wipes spread out evenly (give or take a
-    little), each once the newest id recorded lies in the first half of its block, so
-    that the wipe finds a block in use with ids left to lose."""
+    little), each once the newest id recorded lies in the first half of its block (of
+    ``block`` ids, or of those ``marks()`` returns where blocks grow), so that the wipe
+    finds a block in use with ids left to lose."""
     step = total / (wipes + 1)
     moments = [(step * (n + random.uniform(0.75, 1.25)), "wipe") for n in range(wipes)]
     moments += [(total * random.uniform(0.05, 0.9), "kill") for _ in range(kills)]
     moments.sort()
     with _takers(where, name, (block, sub_block), directory, takers) as procs:
+        known: list[int] = []  # the marks read so far
+
+        def early_in_its_block() -> bool:
+            newest = procs.newest()
+            if marks is None:
+                return (newest - 1) % block < block // 2
+            last = known[-1] if known else 0
+            if newest > last:  # in a block reserved since, of ``block`` ids or more
+                if newest - last <= block // 2:
+                    return True
+                known[:] = marks()
+                newest = procs.newest()  # again: reading the marks takes a while
+            index = bisect.bisect_left(known, newest)
+            if not newest or index == len(known):
+                return False
+            start = known[index - 1] if index else 0
+            return newest - start <= (known[index] - start) // 2
 
         def reach(count: int, what: str, early: bool = False) -> None:
             wait_for(
                 lambda: (
                     procs.alive()
                     and procs.progress() >= count
-                    and (not early or (procs.newest() - 1) % block < block // 2)
+                    and (not early or early_in_its_block())
                 ),
                 f"{what} at {count} ids" + (" early in a block" if early else ""),
                 DEADLINE,
@@ -233,20 +255,61 @@ def _check_unique_and_increasing(outcome: Outcome, reserved: int) -> list[int]:
     return every
 
 
-def _blocks(ids: list[int], block: int) -> set[int]:
-    """The blocks the ids lie in: the store reserves ``block`` at a time from 0, so block
-    ``k`` is ``k * block + 1 … (k + 1) * block``."""
-    return {(each - 1) // block for each in ids}
+def _blocks(ids: list[int], marks: list[int]) -> set[int]:
+    """The blocks the ids lie in, by their marks: the store reserves each block above the
+    last, from 0, so the block of mark ``marks[k]`` is ``marks[k - 1] + 1 … marks[k]``."""
+    return {marks[bisect.bisect_left(marks, each)] for each in ids}
 
 
-def _summary(outcome: Outcome, every: list[int], reserved: int, block: int) -> str:
+def _sizes(marks: list[int]) -> Counter[int]:
+    """How many blocks of each size ``marks`` reserved."""
+    return Counter(b - a for a, b in itertools.pairwise([0, *marks]))
+
+
+def _summary(outcome: Outcome, every: list[int], marks: list[int]) -> str:
     kills = sum(run.killed for run in outcome.runs)
+    sizes = ", ".join(f"{n} of {size}" for size, n in sorted(_sizes(marks).items()))
     return (
         f"{len(every)} ids by {len(outcome.runs)} processes ({kills} SIGKILLed and "
-        f"replaced), {len(outcome.wipes)} cache wipes; {reserved // block} blocks of "
-        f"{block} reserved, {len(_blocks(every, block))} used; {outcome.seconds:.1f} s "
+        f"replaced), {len(outcome.wipes)} cache wipes; {len(marks)} blocks reserved "
+        f"({sizes}), {len(_blocks(every, marks))} used; {outcome.seconds:.1f} s "
         f"({len(every) / outcome.seconds:.0f} ids/s)"
     )
+
+
+@contextmanager
+def _reservations(url: str, name: str) -> Iterator[Callable[[], list[int]]]:
+    """Record the mark of every block the PostgreSQL store at ``url`` reserves for
+    allocator ``name`` from now on, in the reserving transaction (by a trigger on the
+    marks table): yields what reads them, in increasing order."""
+    engine = sa.create_engine(url)
+    log = f"{PREFIX}test_marks_{uuid.uuid4().hex[:8]}"
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE TABLE {log} (name text NOT NULL, mark bigint NOT NULL)")
+        conn.exec_driver_sql(
+            f"CREATE FUNCTION {log}() RETURNS trigger LANGUAGE plpgsql AS "
+            f"$$ BEGIN INSERT INTO {log} VALUES (NEW.name, NEW.mark); RETURN NULL; END $$"
+        )
+        conn.exec_driver_sql(
+            f"CREATE TRIGGER {log} AFTER INSERT OR UPDATE ON {PREFIX}marks "
+            f"FOR EACH ROW EXECUTE FUNCTION {log}()"
+        )
+
+    def marks() -> list[int]:
+        with engine.connect() as conn:
+            rows = conn.exec_driver_sql(
+                f"SELECT mark FROM {log} WHERE name = %(name)s ORDER BY mark", {"name": name}
+            )
+            return [int(mark) for (mark,) in rows]
+
+    try:
+        yield marks
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP TRIGGER {log} ON {PREFIX}marks")
+            conn.exec_driver_sql(f"DROP FUNCTION {log}()")
+            conn.exec_driver_sql(f"DROP TABLE {log}")
+        engine.dispose()
 
 
 # -- PostgreSQL + Redis ---------------------------------------------------------------------
@@ -268,7 +331,10 @@ def test_ids_stay_unique_through_cache_wipes_and_killed_processes(
     raw = redis.Redis.from_url(own_redis)
     try:
         raw.ping()  # connected now: a wipe is then one quick round trip
-        with shardkit.connect(where[0], own_redis, prefix=PREFIX) as kit:
+        with (
+            shardkit.connect(where[0], own_redis, prefix=PREFIX) as kit,
+            _reservations(where[0], name) as reserved_marks,
+        ):
             allocator = kit.ids(name, block=BLOCK)  # created before any taker starts
             outcome = _take_under_faults(
                 where,
@@ -281,48 +347,52 @@ def test_ids_stay_unique_through_cache_wipes_and_killed_processes(
                 kills=KILLS,
                 wipes=WIPES,
                 wipe=raw.flushdb,  # database 8 only, never FLUSHALL
+                marks=reserved_marks if sub_block > 1 else None,  # blocks grow or not
             )
             reserved = allocator.reserved()
+            marks = reserved_marks()
     finally:
         raw.close()
     every = _check_unique_and_increasing(outcome, reserved)
-    print("\n" + _summary(outcome, every, reserved, BLOCK))
+    print("\n" + _summary(outcome, every, marks))
     assert len(every) >= TOTAL
     assert len(outcome.wipes) == WIPES >= 10
     assert sum(run.killed for run in outcome.runs) == KILLS >= 4
     assert len(outcome.runs) == TAKERS + KILLS
-    assert reserved % BLOCK == 0
+    # Blocks of 200, growing with sub-blocks only, to 64 times that at most.
+    assert marks[-1] == reserved
+    grown = range(BLOCK, 64 * BLOCK + 1, BLOCK) if sub_block > 1 else [BLOCK]
+    assert set(_sizes(marks)) <= set(grown)
     # The wipes mattered. Each one retired every block in use: after it (after the record
     # that may have been in flight), a taker hands out first the rest of the sub-block in
     # its hand (none with a sub-block of 1), then no id of a block that handed out an id
     # before it. And the newest of those blocks was left with ids unused, lost to the wipe.
-    highest: dict[int, int] = {}  # block -> the highest id recorded in it
+    highest: dict[int, int] = {}  # block (its mark) -> the highest id recorded in it
     for each in every:
-        highest[(each - 1) // BLOCK] = max(highest.get((each - 1) // BLOCK, 0), each)
+        block = marks[bisect.bisect_left(marks, each)]
+        highest[block] = max(highest.get(block, 0), each)
     left_unused = []
     for number, wiped in enumerate(outcome.wipes):
         before: set[int] = set()
         after: set[int] = set()
         for path, ids in outcome.ids.items():
-            before |= _blocks(ids[: wiped.before.get(path, 0)], BLOCK)
+            before |= _blocks(ids[: wiped.before.get(path, 0)], marks)
         assert before, f"no ids before wipe {number}"
         for path, ids in outcome.ids.items():
             later = ids[wiped.after[path] + 1 if path in wiped.after else 0 :]
             rest = []
             for each in later:
-                if (each - 1) // BLOCK not in before:
+                if not _blocks([each], marks) <= before:
                     break
                 rest.append(each)
             assert len(rest) < sub_block, f"wipe {number}: {path} went on with {rest}"
-            after |= _blocks(later[len(rest) :], BLOCK)
+            after |= _blocks(later[len(rest) :], marks)
         assert after, f"no ids after wipe {number}"
         assert not before & after, f"wipe {number}: blocks {sorted(before & after)} lived on"
         newest = max(before)
-        left_unused.append((newest + 1) * BLOCK - highest[newest])
+        left_unused.append(newest - highest[newest])
     print(f"ids left unused in the newest block by each wipe: {left_unused}")
     assert sum(map(bool, left_unused)) >= WIPES // 2
-    # ... so they cost blocks: more were reserved than the ids alone need.
-    assert reserved // BLOCK > math.ceil(len(every) / BLOCK)
 
 
 # -- sub-blocks, exactly: processes of many threads, one SIGKILLed ----------------------
@@ -361,7 +431,10 @@ def test_sub_blocks_account_for_every_id_reserved_across_threads_processes_and_a
         procs.append((proc, paths, report))
         return procs[-1]
 
-    with shardkit.connect(where[0], own_redis, prefix=PREFIX) as kit:
+    with (
+        shardkit.connect(where[0], own_redis, prefix=PREFIX) as kit,
+        _reservations(where[0], name) as reserved_marks,
+    ):
         allocator = kit.ids(name, block=CREW_BLOCK, sub_block=CREW_SUB_BLOCK)
         try:
             crew = [launch(slot, EACH) for slot in range(CREW)]
@@ -390,9 +463,9 @@ def test_sub_blocks_account_for_every_id_reserved_across_threads_processes_and_a
                     proc.kill()
                 proc.join(DEADLINE)
         reserved = allocator.reserved()
+        marks = reserved_marks()
         # What each block's key has handed out, while it still has ids left: a block
         # used up has none (its leaver deleted it), one never published neither.
-        marks = range(CREW_BLOCK, reserved + 1, CREW_BLOCK)
         counts = kit.cache.get_many([allocator._key_of(mark) for mark in marks])
     handed = {path: iw.read_ids(path) for _, paths, _ in procs for path in paths}
     every = [each for ids in handed.values() for each in ids]
@@ -411,13 +484,16 @@ def test_sub_blocks_account_for_every_id_reserved_across_threads_processes_and_a
     assert min(accounted) >= 1
     assert max(accounted) <= reserved
     missing = set(range(1, reserved + 1)) - set(accounted)
-    whole = {k for k in _blocks(list(missing), CREW_BLOCK) if k not in _blocks(every, CREW_BLOCK)}
-    lost = sorted(each for each in missing if (each - 1) // CREW_BLOCK not in whole)
+    whole = _blocks(list(missing), marks) - _blocks(every, marks)
+    lost = sorted(each for each in missing if not _blocks([each], marks) <= whole)
+    sizes = ", ".join(f"{n} of {size}" for size, n in sorted(_sizes(marks).items()))
     print(
         f"\n{len(every)} ids by {CREW} processes of {THREADS} threads and one killed; "
-        f"{len(in_hand)} in hand at the end, {len(untaken)} untaken, {len(lost)} lost with "
-        f"the killed process {lost}, {len(whole)} whole blocks lost"
+        f"blocks {sizes}; {len(in_hand)} in hand at the end, {len(untaken)} untaken, "
+        f"{len(lost)} lost with the killed process {lost}, {len(whole)} whole blocks lost"
     )
+    assert marks[-1] == reserved
+    assert set(_sizes(marks)) <= set(range(CREW_BLOCK, 64 * CREW_BLOCK + 1, CREW_BLOCK))
     assert len(lost) <= CREW_SUB_BLOCK - 1 + THREADS
 
 
@@ -447,13 +523,15 @@ def test_embedded_ids_stay_unique_through_killed_processes(sqlite_url: str, tmp_
             kills=EMBEDDED_KILLS,
         )
         reserved = allocator.reserved()
+    # Each process's cache is its own: its blocks are never published ahead, nor grow.
+    marks = list(range(EMBEDDED_BLOCK, reserved + 1, EMBEDDED_BLOCK))
     every = _check_unique_and_increasing(outcome, reserved)
-    print("\n" + _summary(outcome, every, reserved, EMBEDDED_BLOCK))
+    print("\n" + _summary(outcome, every, marks))
     assert len(every) >= EMBEDDED_TOTAL
     assert sum(run.killed for run in outcome.runs) == EMBEDDED_KILLS
     assert len(outcome.runs) == EMBEDDED_TAKERS + EMBEDDED_KILLS
-    # Each process's cache is its own: every block served exactly one process.
+    # Every block served exactly one process.
     owners: dict[int, str] = {}
     for path, ids in outcome.ids.items():
-        for each in _blocks(ids, EMBEDDED_BLOCK):
+        for each in _blocks(ids, marks):
             assert owners.setdefault(each, path) == path, f"block {each} served two processes"
