@@ -298,11 +298,13 @@ class Tally:
         self.op = op
         self.close = close
 
-    def report(self, folder: Path) -> None:
+    def report(self, folder: Path, blocks: int | None = None) -> None:
         """Leave the runs in a file of their own in ``folder``, for ``Reports.collect``
-        (call ``close`` first)."""
+        (call ``close`` first), with the number of blocks the writer reserved meanwhile
+        if it counted them."""
         report = folder / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
-        report.write_text(json.dumps({"runs": self.runs, "backwards": self.backwards}))
+        got = {"runs": self.runs, "backwards": self.backwards, "blocks": blocks}
+        report.write_text(json.dumps(got))
 
 
 @dataclass
@@ -315,16 +317,22 @@ class Reports:
     """Ids handed out more than once."""
     backwards: int = 0
     """Times a writer was handed an id not above its previous one."""
+    blocks: int | None = None
+    """Blocks the writers of the last phase collected reserved; None if one of them did
+    not count them."""
 
     def collect(self, folder: Path) -> tuple[int, int]:
         """Take in and remove the writers' reports of a phase: the number of ids they
         were handed and the largest of them."""
         runs: list[tuple[int, int]] = []
+        blocks: list[int | None] = []
         for report in folder.glob("*.json"):
             got = json.loads(report.read_text())
             runs.extend((int(a), int(b)) for a, b in got["runs"])
             self.backwards += int(got["backwards"])
+            blocks.append(got.get("blocks"))
             report.unlink()
+        self.blocks = None if None in blocks else sum(b for b in blocks if b is not None)
         merged: list[tuple[int, int]] = []
         for a, b in sorted([*self.handed, *runs]):
             if merged and a <= merged[-1][1] + 1:

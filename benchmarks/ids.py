@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import statistics
 import sys
 import tempfile
@@ -57,6 +58,7 @@ from hot_counter import (
     raw_connect,
     report_console,
 )
+from shardkit import metrics
 from shardkit.counters.ids import SUB_BLOCK
 from shardkit.store.sql import SqlStore, engine_from_url
 
@@ -121,14 +123,27 @@ def raw_update_returning(target: RawTarget) -> Iterator[Op]:
 
 @contextlib.contextmanager
 def ids_writer(target: IdsTarget) -> Iterator[Op]:
-    """``kit.ids(name, block, sub_block).next()``, recording the ids; both backends are
-    reached by ``connect`` and ``kit.ids``, and no id is taken before the phase."""
+    """``kit.ids(name, block, sub_block).next()``, recording the ids and counting the
+    blocks the process reserves; both backends are reached by ``connect`` and
+    ``kit.ids``, and no id is taken before the phase."""
     with shardkit.connect(target.store_url, target.cache_url, prefix=target.prefix) as kit:
         ids = kit.ids(target.name, block=target.block, sub_block=target.sub_block)
         tally = Tally(ids.next)
+        before = blocks_reserved()
         yield tally.op
+        after = blocks_reserved()
     tally.close()
-    tally.report(Path(target.report_dir))
+    counted = None if before is None or after is None else round(after - before)
+    tally.report(Path(target.report_dir), counted)
+
+
+def blocks_reserved() -> float | None:
+    """The id blocks this process has reserved, as its metrics count them (None with
+    metrics off: ``prometheus_client`` missing)."""
+    if not metrics.meter.enabled:
+        return None
+    found = metrics.prometheus().REGISTRY.get_sample_value("shardkit_id_blocks_total")
+    return None if found is None else float(found)
 
 
 @dataclass
@@ -138,7 +153,8 @@ class Cell:
     phases: list[Phase]
     exact: bool = True
     store_txns: list[float] = field(default_factory=list)
-    """Store transactions per second of each phase (blocks reserved, for the allocator)."""
+    """Store transactions per second of each phase (blocks reserved, for the allocator:
+    NaN where the writers could not count them)."""
     taken: int = 0
     """The allocator's ids handed out in all phases."""
     reserved: int = 0
@@ -288,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                 ids_writer,
                 target,
                 allocator.reserved,
-                allocator_check(allocator.reserved, reports[mode], folder, args.block),
+                allocator_check(allocator.reserved, reports[mode], folder),
             )
 
         console.print(
@@ -328,18 +344,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def allocator_check(
-    reserved: Callable[[], int], reports: Reports, folder: Path, block: int
+    reserved: Callable[[], int], reports: Reports, folder: Path
 ) -> Callable[[Cell, Phase, int], bool]:
     """After a phase: the writers handed out as many ids as they acknowledged, none
     twice (in any phase of this mode), each writer's increasing, none above
-    ``reserved()``; records the blocks reserved per second and the share of reserved
-    ids handed out."""
+    ``reserved()``; records the blocks reserved per second (as the writers counted
+    them: blocks grow) and the share of reserved ids handed out."""
 
     def check(cell: Cell, phase: Phase, before: int) -> bool:
         mark = reserved()
         faults = reports.backwards + reports.doubled
         taken, largest = reports.collect(folder)
-        blocks = (mark - before) / block
+        blocks = math.nan if reports.blocks is None else reports.blocks
         cell.store_txns.append(blocks / statistics.fmean(phase.elapsed))
         cell.taken += taken
         cell.reserved += mark - before
@@ -347,6 +363,10 @@ def allocator_check(
         return clean and taken == phase.ops and largest <= mark
 
     return check
+
+
+def _rate(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:,.1f}"
 
 
 def results_table(
@@ -367,7 +387,7 @@ def results_table(
                 f"{cell.rate:,.0f}",
                 ratio(cells, writers, mode, "nextval"),
                 f"{statistics.median(p.cpu_per_op for p in cell.phases) * 1e6:,.1f}",
-                f"{statistics.median(cell.store_txns):,.1f}",
+                _rate(statistics.median(cell.store_txns)),
                 f"{cell.taken / cell.reserved:.1%}" if cell.reserved else "-",
                 "[green]✓[/]" if cell.exact else "[red]✗[/]",
             ]
