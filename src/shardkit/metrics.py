@@ -25,12 +25,13 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar, cast, overload
+from typing import Any, TypeVar, cast
 
-from shardkit._program import Call, Program, Steps
+from shardkit._program import Program
 from shardkit.errors import MissingDriver
 
 T = TypeVar("T")
+A = TypeVar("A")
 
 # Outcomes of a write, of the counters of these kinds.
 APPLIED, REPEATED, FAILED = "applied", "repeated", "failed"
@@ -185,43 +186,32 @@ def prometheus() -> Any:
     return prometheus_client
 
 
-@overload
-def timed(kind: str, write: Program[T]) -> Program[T]: ...
-@overload
-def timed(kind: str, write: Steps[T]) -> Steps[T]: ...
-def timed(kind: str, write: Steps[T]) -> Steps[T]:
-    """The program (or step) ``write`` of a counter of ``kind``, reporting its outcome
-    and duration when metrics are on (a result of False is a repeated key; an exception,
-    not a cancellation, a failure); ``write`` itself when they are off, at no cost. A
-    step stays a step, reporting as its call ends."""
-    if not meter.enabled:
-        return write
-    if type(write) is not Call:
-        return _timed(kind, write)
-    started = time.perf_counter()
-    done, failed = write.done, write.failed
-
-    def ended(result: Any) -> T:
-        try:
-            result = result if done is None else done(result)
-        except Exception:
-            meter.wrote(kind, FAILED, time.perf_counter() - started)
-            raise
-        meter.wrote(kind, REPEATED if result is False else APPLIED, time.perf_counter() - started)
-        return result  # type: ignore[no-any-return]
-
-    def failing(exc: Exception) -> Exception | None:
-        meter.wrote(kind, FAILED, time.perf_counter() - started)
-        return None if failed is None else failed(exc)
-
-    write.done, write.failed = ended, failing  # its result's type unchanged
-    return write
+def timed(kind: str, write: Program[T]) -> Program[T]:
+    """The program ``write`` of a counter of ``kind``, reporting its outcome and duration
+    when metrics are on (a result of False is a repeated key; an exception, not a
+    cancellation, a failure); ``write`` itself when they are off, at no cost."""
+    return _timed(kind, write) if meter.enabled else write
 
 
 def _timed(kind: str, write: Program[T]) -> Program[T]:
     started = time.perf_counter()
     try:
         result = yield from write
+    except Exception:
+        meter.wrote(kind, FAILED, time.perf_counter() - started)
+        raise
+    meter.wrote(kind, REPEATED if result is False else APPLIED, time.perf_counter() - started)
+    return result
+
+
+def timed_call(kind: str, write: Callable[[A], T], arg: A) -> T:
+    """``write(arg)``, a write of a counter of ``kind`` made with no program around it (a
+    sync form's shortcut), reported as ``timed`` reports one."""
+    if not meter.enabled:
+        return write(arg)
+    started = time.perf_counter()
+    try:
+        result = write(arg)
     except Exception:
         meter.wrote(kind, FAILED, time.perf_counter() - started)
         raise

@@ -12,7 +12,7 @@ import redis
 
 import shardkit
 import shardkit.aio
-from backends import CACHE_URLS, CLUSTER, NEVER, PREFIX, Target, cache_url_of, require, wait_for
+from backends import CACHE_URLS, CLUSTER, NEVER, PREFIX, Target, cache_url_of, require
 from servers import Cutter
 from shardkit._redis import INCR_ONCE
 from shardkit.counters.buffered import _FULL, pointer_keys
@@ -32,15 +32,6 @@ def cache_url(request: pytest.FixtureRequest) -> str:
 def _keyed_generations(kit: shardkit.Kit, name: str) -> list[int]:
     """The keyed generations (negative ids) the store recorded for counter ``name``."""
     return sorted(g for g in kit.store.generations([name]).get(name, {}) if g < 0)
-
-
-def test_a_keyed_increment_has_its_intervals_flush_scheduled(kit: shardkit.Kit, name: str) -> None:
-    """The batch of keyed increments that counts one schedules the flush of its
-    interval, as a batch of increments without a key does."""
-    hits = kit.buffered(name, interval=0.2)
-    assert hits.incr(3, key="once")
-    wait_for(lambda: hits.parts().stored == 3, "the scheduled flush", 10)
-    assert hits.parts() == Parts(3, 0)
 
 
 def test_a_repeated_key_counts_once_before_and_after_its_flush(

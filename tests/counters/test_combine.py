@@ -25,7 +25,7 @@ def _sides(counter: shardkit.BufferedCounter) -> tuple[Combiner[int, None], ...]
     """The combiners of the counter's increments and decrements."""
     bumps = counter.roles.bumps
     assert isinstance(bumps, Sides)
-    return bumps.up, bumps.down
+    return bumps.sides
 
 
 def _queued(counter: shardkit.ShardedCounter) -> int:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import dataclasses
 import itertools
 import json
 import os
@@ -49,9 +48,6 @@ from backends import (
 )
 from servers import PostgresServer, RedisServer, running, unavailable
 from shardkit import metrics
-from shardkit._program import Blocking, Call, Program, Roles, Steps, call, role, rule
-from shardkit.counters import sharded
-from shardkit.errors import InvalidDelta
 from shardkit.monitor.asgi import dashboard
 from shardkit.monitor.exporter import exposition, registry, serve
 from shardkit.store.sql import SqlStore
@@ -621,79 +617,6 @@ def test_a_write_path_observation_counts_as_prometheus_clients_own(
         return [(s.name, s.labels, s.value) for s in samples if s.name != "h_created"]
 
     assert figures(ours) == figures(theirs)
-
-
-@role("writer")
-class Writer:
-    """Answers a write with ``result``, or raises it."""
-
-    def write(self, result: Any, raises: bool) -> Any:
-        if raises:
-            raise result
-        return result
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Writing(Roles):
-    writer: Writer
-
-
-class TimedCore:
-    """A write timed as a step (``step``) and as a program (``program``), whose result
-    is made by ``outcome`` (a returned ``ShardkitError`` raised), as a sharded
-    counter's."""
-
-    def __init__(self) -> None:
-        self.roles = Writing(Writer())
-
-    @rule
-    def step(self, result: Any, raises: bool = False) -> Steps[bool]:
-        return metrics.timed("sharded", call(Writer.write, result, raises).then(sharded.outcome))
-
-    @rule
-    def program(self, result: Any, raises: bool = False) -> Program[bool]:
-        def written() -> Program[bool]:
-            return sharded.outcome((yield from call(Writer.write, result, raises)))
-
-        return metrics.timed("sharded", written())
-
-
-class Timed(TimedCore, Blocking):
-    pass
-
-
-def test_a_timed_step_stays_a_step_and_reports_as_a_timed_program_does() -> None:
-    """Each outcome of a step's write, counted as a program's: a result of False
-    repeated, another applied, a failing call or a result made into an error failed
-    (and raised as it is)."""
-    prom = metrics.prometheus()
-    was = metrics.meter.enabled
-    own = prom.CollectorRegistry()
-    metrics.disable()
-    metrics.enable(own)
-    try:
-        timed = Timed()
-        assert type(TimedCore.step.program(timed, True)) is Call
-        for write in (timed.step, timed.program):
-            assert write(True) is True
-            assert write(False) is False
-            returned, raised = InvalidDelta("returned"), LookupError("raised")
-            with pytest.raises(InvalidDelta) as made:
-                write(returned)
-            assert made.value is returned
-            with pytest.raises(LookupError) as made_by_call:
-                write(raised, raises=True)
-            assert made_by_call.value is raised
-    finally:
-        metrics.disable()
-        if was:
-            metrics.enable()
-
-    def written(ended: str) -> float | None:
-        labels = {"kind": "sharded", "outcome": ended}
-        return own.get_sample_value("shardkit_write_seconds_count", labels)
-
-    assert [written(ended) for ended in ("applied", "repeated", "failed")] == [2, 2, 4]
 
 
 def test_what_is_served_passes_promtool_and_every_series_starts_at_zero(

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from shardkit import _urls
 from shardkit._fork import reset_in_child
-from shardkit._program import Blocking, Call, Program, Roles, Steps, call, role, rule
+from shardkit._program import Blocking, Call, Program, Roles, call, role, rule
 from shardkit._redis import ADDS, INCR, INCR_MANY, INCR_ONCE, Script, redis_module
 from shardkit._sync.sent_once import SentOnce
 from shardkit.cache.base import read_number
@@ -110,11 +110,6 @@ class RedisCore:
         except self._failures as exc:
             raise self._failure(action, exc) from exc
 
-    def _turned(self, action: str, exc: Exception) -> BackendError | None:
-        """``exc``, which a command raised while ``action``, as ours (``_failure``) if it
-        is the client's, else None: ``_command`` for a step (``Call.then``'s ``failed``)."""
-        return self._failure(action, exc) if isinstance(exc, self._failures) else None
-
     @property
     def _failures(self) -> tuple[type[Exception], ...]:
         """What the client raises when a command fails (``_failure``'s to turn)."""
@@ -183,10 +178,8 @@ class RedisCore:
             yield from self._command("incrementing", script)
 
     @rule
-    def bump(self, key: str, delta: int) -> Steps[int]:
-        return call(Client.incrby, key, delta).then(
-            int, lambda exc: self._turned("incrementing", exc)
-        )
+    def bump(self, key: str, delta: int) -> Program[int]:
+        return int((yield from self._command("incrementing", call(Client.incrby, key, delta))))
 
     @rule
     def incr_once(
@@ -217,6 +210,14 @@ class RedisCache(RedisCore, Blocking):
     @classmethod
     def from_url(cls, url: str) -> RedisCache:
         return cls(_client(redis_module().Redis, url), url=url, owns_client=True)
+
+    def bump(self, key: str, delta: int) -> int:
+        """``RedisCore.bump``, its one command sent with no program run around it (the
+        buffered counters' hot path)."""
+        try:
+            return int(self._sent_once.incrby(key, delta))
+        except self._failures as exc:
+            raise self._failure("incrementing", exc) from exc
 
     def close(self) -> None:
         self._sent_once.close()

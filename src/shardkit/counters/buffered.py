@@ -113,15 +113,10 @@ R = TypeVar("R")
 @role("bumps")
 class Bumps(Protocol):
     """The role that adds to a counter's sums: a combiner per side, so that concurrent
-    increments (``up``) or decrements (``down``) share one cache command, and one for
-    those with an idempotency key (``keyed``), which share one too. Each returns whether
-    it counted."""
+    increments (side 0) or decrements (1) share one cache command, and one for those
+    with an idempotency ``key``, which share one too. Returns whether it counted."""
 
-    def up(self, amount: int, /) -> bool: ...
-    def down(self, amount: int, /) -> bool: ...
-    def keyed(self, write: tuple[int, int, str], /) -> bool:
-        """``write`` is ``(side, amount, key)``, side 0 up, 1 down."""
-        ...
+    def __call__(self, side: int, amount: int, key: str | None, /) -> bool: ...
 
 
 class Sides:
@@ -129,9 +124,11 @@ class Sides:
     (``keyed``) for keyed increments of either side."""
 
     def __init__(self, up: Any, down: Any, keyed: Any) -> None:
-        self.up = up
-        self.down = down
+        self.sides = (up, down)
         self.keyed = keyed
+
+    def __call__(self, side: int, amount: int, key: str | None) -> Any:
+        return self.sides[side](amount) if key is None else self.keyed((side, amount, key))
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +194,7 @@ class BufferedCore(CounterCore):
     # -- writes ------------------------------------------------------------------------
 
     @rule
-    def incr(self, delta: int = 1, *, key: str | None = None) -> Steps[bool]:
+    def incr(self, delta: int = 1, *, key: str | None = None) -> Program[bool]:
         """Add ``delta``, an int within ±``MAX_DELTA`` (2**40; a larger one raises
         ``InvalidDelta`` and counts nothing); one cache round trip, which concurrent
         increments from other threads (or coroutines) of the process share (it returns
@@ -213,15 +210,7 @@ class BufferedCore(CounterCore):
         A call that raises ``BackendError`` may or may not have counted: retry it with
         the same ``key`` to make the retry safe.
         """
-        delta = self._checked(delta, key)
-        # One call, the bump (the batch it joins schedules the interval's flush).
-        if key is not None:
-            bump = call(Bumps.keyed, (int(delta < 0), abs(delta), key))
-        elif delta:
-            bump = call(Bumps.down if delta < 0 else Bumps.up, abs(delta))
-        else:
-            return metrics.timed(self.kind, _counted())
-        return metrics.timed(self.kind, bump)
+        return metrics.timed(self.kind, self._add(self._checked(delta, key), key))
 
     def _checked(self, delta: int, key: str | None) -> int:
         """``delta``, an increment's, checked with its ``key`` (see ``incr``)."""
@@ -238,6 +227,19 @@ class BufferedCore(CounterCore):
                 )
         return delta
 
+    def _add(self, delta: int, key: str | None) -> Program[bool]:
+        if not delta and key is None:
+            return True
+        counted = yield from call(Bumps.__call__, int(delta < 0), abs(delta), key)
+        if counted and self._schedule_due():
+            yield from self._schedule()
+        return counted
+
+    def _schedule_due(self) -> bool:
+        """Whether this interval's flush is yet to be scheduled by this process (the
+        interval's first increment schedules it: ``_schedule``)."""
+        return self._scheduled != (os.getpid(), int(time.time() // self.interval))
+
     @rule
     def decr(self, delta: int = 1, *, key: str | None = None) -> Steps[bool]:
         """Subtract ``delta``; the same contract as ``incr``."""
@@ -248,8 +250,7 @@ class BufferedCore(CounterCore):
 
     def _bump(self, side: int, amounts: Sequence[int]) -> Program[list[bool]]:
         """Add a batch of increments (``side`` 0) or decrements (1) to the sum of the
-        generation of a stripe drawn at random, in one cache command; then schedule the
-        interval's flush if this process has not yet (``_schedule``)."""
+        generation of a stripe drawn at random, in one cache command."""
         metrics.meter.combined(self.kind, len(amounts))
         amount = sum(amounts)
 
@@ -258,8 +259,6 @@ class BufferedCore(CounterCore):
             return (total, None) if total >= amount else None
 
         yield from self._write(random.randrange(self.stripes) if self.stripes > 1 else 0, bump)
-        if self._schedule_due():
-            yield from self._schedule()
         return [True] * len(amounts)
 
     def _recording(self, writes: Sequence[tuple[int, int, str]]) -> Any:
@@ -268,8 +267,7 @@ class BufferedCore(CounterCore):
     def _record(self, writes: Sequence[tuple[int, int, str]]) -> Program[list[bool]]:
         """Add a batch of keyed increments, each ``(side, amount, key)``, to the sums of
         the counter's keyed generation, with the records of their keys, in one atomic
-        cache command; one whose key has a record already is left out (False). Then,
-        if one counted, schedule the interval's flush as ``_bump`` does."""
+        cache command; one whose key has a record already is left out (False)."""
         metrics.meter.combined(self.kind, len(writes))
 
         def bump(keys: tuple[str, str]) -> Program[tuple[int, list[bool]] | None]:
@@ -278,10 +276,7 @@ class BufferedCore(CounterCore):
             done = yield from call(Recording.incr_once, keys, guarded, ttl)
             return None if done is None else (max(done[0]) - BASE, done[1])
 
-        counted = yield from self._write(self.stripes, bump)
-        if any(counted) and self._schedule_due():
-            yield from self._schedule()
-        return counted
+        return (yield from self._write(self.stripes, bump))
 
     def _record_key(self, key: str) -> str:
         """The cache key of the record of idempotency key ``key``: one for the counter's
@@ -325,11 +320,6 @@ class BufferedCore(CounterCore):
             pointer = yield from self._start_generation(lane, replacing=pointer)
         writing = self._writing[lane] = (pointer, self._keys(pointer))
         return writing
-
-    def _schedule_due(self) -> bool:
-        """Whether this interval's flush is yet to be scheduled by this process (the
-        interval's first counted batch of increments schedules it: ``_schedule``)."""
-        return self._scheduled != (os.getpid(), int(time.time() // self.interval))
 
     def _new_generation(self, lane: int) -> int:
         """A random generation id: for the keyed lane, a negative one (its keys share
@@ -490,11 +480,36 @@ class BufferedCounter(BufferedCore, Blocking):
 
     _combiner = Combiner
 
+    def incr(self, delta: int = 1, *, key: str | None = None) -> bool:
+        """Add ``delta``, an int within ±``MAX_DELTA`` (2**40; a larger one raises
+        ``InvalidDelta`` and counts nothing); one cache round trip, which concurrent
+        increments from other threads (or coroutines) of the process share (it returns
+        once the cache has taken it), plus one per interval per process to schedule the
+        flush (and one when the generation fills).
 
-def _counted() -> Program[bool]:
-    """A zero increment without a key: counted, with nothing to call."""
-    yield from ()
-    return True
+        Returns True, or False where the idempotency ``key`` was counted already (then
+        nothing is counted): its record is kept with the increment, in the cache, for
+        ``key_retention`` seconds. A key on a cache that cannot record it in one atomic
+        step with the increment (memcached) raises ``KeysUnsupported``, before anything
+        is written.
+
+        A call that raises ``BackendError`` may or may not have counted: retry it with
+        the same ``key`` to make the retry safe.
+        """
+        if key is not None:
+            counted: bool = self._carry_out(BufferedCore.incr.program(self, delta, key=key))
+            return counted
+        # ``BufferedCore.incr`` without a key: its steps made here with no program run
+        # around the bump (the hot path), with the same outcome and metrics.
+        return metrics.timed_call(self.kind, self._add_unkeyed, self._checked(delta, None))
+
+    def _add_unkeyed(self, delta: int) -> bool:
+        if not delta:
+            return True
+        counted = self.roles.bumps(int(delta < 0), abs(delta), None)
+        if counted and self._schedule_due():
+            self._carry_out(self._schedule())
+        return counted
 
 
 def pointer_keys(options: Options, info: CounterInfo, stripes: int) -> list[str]:

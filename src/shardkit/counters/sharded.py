@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from shardkit import metrics
-from shardkit._program import Blocking, Program, Steps, call, role, rule
+from shardkit._program import Blocking, Program, call, role, rule
 from shardkit._sync.combine import Combiner
 from shardkit.cache.base import Cache
 from shardkit.counters.adjuster import Adjusting
@@ -94,27 +94,24 @@ class ShardedCore(CounterCore):
     # -- writes ------------------------------------------------------------------------
 
     @rule
-    def incr(self, delta: int = 1, *, key: str | None = None) -> Steps[bool]:
+    def incr(self, delta: int = 1, *, key: str | None = None) -> Program[bool]:
         """Add ``delta`` (an int within signed 64-bit, may be negative).
 
         Returns True when applied, False when ``key`` had been applied already.
         """
-        delta = check_delta(delta)
-        if key is None:  # one step: the write
-            return metrics.timed(self.kind, call(Writes.__call__, (delta, None)).then(outcome))
-        return metrics.timed(self.kind, self._add_keyed(delta, check_name(key, "idempotency key")))
+        return metrics.timed(self.kind, self._add(check_delta(delta), key))
 
     @rule
-    def decr(self, delta: int = 1, *, key: str | None = None) -> Steps[bool]:
+    def decr(self, delta: int = 1, *, key: str | None = None) -> Program[bool]:
         """Subtract ``delta``; the same contract as ``incr``."""
-        return ShardedCore.incr.program(self, -check_delta(delta), key=key)
+        return metrics.timed(self.kind, self._add(check_delta(-check_delta(delta)), key))
 
-    def _add_keyed(self, delta: int, key: str) -> Program[bool]:
-        """The write of ``delta`` guarded by ``key``, which now and then purges the
-        expired keys."""
+    def _add(self, delta: int, key: str | None) -> Program[bool]:
         options = self._options
+        if key is not None:
+            check_name(key, "idempotency key")
         applied = outcome((yield from call(Writes.__call__, (delta, key))))
-        if options.random() < _PURGE_CHANCE:
+        if key is not None and options.random() < _PURGE_CHANCE:
             yield from call(Store.purge_keys, time.time() - options.key_retention)
         return applied
 
@@ -325,6 +322,20 @@ class ShardedCounter(ShardedCore, Blocking):
 
     def _write_now(self, writes: Sequence[Write]) -> list[bool | ShardkitError]:
         return self._carry_out(self._write(writes))
+
+    def incr(self, delta: int = 1, *, key: str | None = None) -> bool:
+        """Add ``delta`` (an int within signed 64-bit, may be negative).
+
+        Returns True when applied, False when ``key`` had been applied already.
+        """
+        if key is not None:
+            return self._carry_out(ShardedCore.incr.program(self, delta, key=key))
+        # ``ShardedCore.incr`` without a key is one step, the write: made here with no
+        # program run around it (the hot path), with the same outcome and metrics.
+        return metrics.timed_call(self.kind, self._write_unkeyed, check_delta(delta))
+
+    def _write_unkeyed(self, delta: int) -> bool:
+        return outcome(self.roles.writes((delta, None)))
 
     @property
     def shards(self) -> int:

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from shardkit import _urls
-from shardkit._program import Program, Roles, Steps, call, role, rule
+from shardkit._program import Program, Roles, call, role, rule
 from shardkit.errors import (
     BackendError,
     BackendUnavailable,
@@ -279,13 +279,13 @@ class SqlCore(Tables):
     @rule
     def add_many(
         self, name: str, shard: int, writes: Sequence[tuple[int, str | None]]
-    ) -> Steps[list[bool]]:
+    ) -> Program[list[bool]]:
         """See ``Store.add_many``."""
         unkeyed = self._unkeyed(name, shard, writes)
         if unkeyed is None:
-            return self._add_keyed(name, shard, writes)
-        applied = [True] * len(writes)
-        return call(Sql.fast_add, unkeyed).then(lambda _: applied)
+            return (yield from self._add_keyed(name, shard, writes))
+        yield from call(Sql.fast_add, unkeyed)
+        return [True] * len(writes)
 
     def _add_keyed(
         self, name: str, shard: int, writes: Sequence[tuple[int, str | None]]
