@@ -1,8 +1,7 @@
 """A Griffe extension for the API reference: a core's rules (``@rule`` programs, typed
-``-> Program[X]``, or ``-> Steps[X]`` where they may return a step) are shown on the sync
-and async forms as those forms' methods are called — returning ``X`` (awaited, on an
-async form), with a generic core's type parameters replaced by the form's own
-(``Kit.sharded`` returns a ``ShardedCounter``)."""
+``-> Program[X]``) are shown on the sync and async forms as those forms' methods are
+called — returning ``X`` (awaited, on an async form), with a generic core's type
+parameters replaced by the form's own (``Kit.sharded`` returns a ``ShardedCounter``)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from typing import Any
 import griffe
 
 _FORMS = {"Blocking": False, "Awaiting": True}  # a form's base, and whether it awaits
-_RULES = ("Program", "Steps")  # what a rule returns, to its form's method
 
 
 def _is_rule(function: griffe.Function) -> bool:
@@ -20,9 +18,8 @@ def _is_rule(function: griffe.Function) -> bool:
 
 
 def _called(returns: Any, names: dict[str, str]) -> str | None:
-    """``Program[X]`` (or ``Steps[X]``) as the form returns it: ``X``, its type
-    parameters replaced."""
-    if not isinstance(returns, griffe.ExprSubscript) or str(returns.left) not in _RULES:
+    """``Program[X]`` as the form returns it: ``X``, its type parameters replaced."""
+    if not isinstance(returns, griffe.ExprSubscript) or str(returns.left) != "Program":
         return None
     shown = str(returns.slice)
     for parameter, argument in names.items():

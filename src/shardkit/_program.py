@@ -11,11 +11,7 @@ what they return). A call interrupted by a ``BaseException`` (a cancelled task, 
 A *role* is a protocol marked with ``@role("name")``: the backends a program runs on are
 a ``Roles`` dataclass whose field ``name`` plays it, checked when it is made. A *rule*
 is a program that is a public method: written once on a core, it is a blocking method of
-the core's ``Blocking`` form and a coroutine method of its ``Awaiting`` form. A rule
-whose work, on some path, is one call may return that ``Call`` (a *step*: ``Steps``),
-with what its result and its errors become (``Call.then``), rather than a program of
-that one call: the form's method makes the call itself, with no generator run around
-it, so that such a rule costs its caller what the call costs::
+the core's ``Blocking`` form and a coroutine method of its ``Awaiting`` form::
 
     @role("cache")
     class Cache(Protocol):
@@ -33,10 +29,6 @@ it, so that such a rule costs its caller what the call costs::
             cached = yield from call(Cache.get, self.key)  # typed: int | None
             ...
 
-        @rule
-        def cached(self) -> Steps[int]:
-            return call(Cache.get, self.key).then(lambda value: value or 0)
-
     class Counter(Core, Blocking): ...  # counter.value() -> int
     class AsyncCounter(Core, Awaiting): ...  # await counter.value() -> int
 
@@ -48,19 +40,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import operator
 from collections.abc import Callable, Coroutine, Generator
-from typing import (
-    Any,
-    Concatenate,
-    Generic,
-    NoReturn,
-    ParamSpec,
-    Protocol,
-    TypeVar,
-    final,
-    overload,
-)
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -68,54 +49,21 @@ S = TypeVar("S")
 T = TypeVar("T", bound=type)
 
 
-@final  # so that ``type(step) is Call`` tells a step from a program
 class Call(Generic[R]):
-    """A call of ``method`` (a role's method, such as ``Cache.get``) on whatever plays
-    the role, with ``args``: yielded by a program to its runner, or returned by a rule
-    as all it does (a step, which the runner carries out). Made as ``call(...)``."""
+    """One call of a backend method, yielded by a program to its runner."""
 
-    __slots__ = ("args", "done", "failed", "find", "kwargs", "name", "role")
+    __slots__ = ("args", "kwargs", "name", "role")
 
-    def __init__(
-        self, method: Callable[Concatenate[Any, P], R], /, *args: P.args, **kwargs: P.kwargs
-    ) -> None:
-        try:  # ``find``: roles -> the method of the backend playing the role
-            self.role, self.name, self.find = _METHODS[method]
-        except KeyError:
-            raise TypeError(f"{method.__qualname__} is not a method of a role") from None
+    def __init__(self, role: str, name: str, args: Any, kwargs: Any) -> None:
+        self.role = role
+        self.name = name
         self.args = args
         self.kwargs = kwargs
-        self.done: Callable[[Any], R] | None = None
-        self.failed: Callable[[Exception], Exception | None] | None = None
-
-    def then(
-        self,
-        done: Callable[[R], S],
-        failed: Callable[[Exception], Exception | None] | None = None,
-    ) -> Call[S]:
-        """This call, its result made into ``done(result)``; with ``failed``, an
-        exception it raises is made into ``failed(exc)``, raised in its place (from it)
-        unless None."""
-        self.done = done  # type: ignore[assignment]  # R is S from here on
-        self.failed = failed
-        return self  # type: ignore[return-value]  # what it returns is done's now
 
     def __iter__(self) -> Generator[Call[Any], Any, R]:
         """``result = yield from call(...)``: the result, typed as the method's."""
-        try:
-            result = yield self
-        except Exception as exc:
-            if self.failed is None:
-                raise
-            self.fail(exc)
-        return result if self.done is None else self.done(result)
-
-    def fail(self, exc: Exception) -> NoReturn:
-        """Raise ``exc``, which the call raised, or what ``failed`` makes of it."""
-        turned = None if self.failed is None else self.failed(exc)
-        if turned is None:
-            raise exc
-        raise turned from exc
+        result: R = yield self
+        return result
 
     def __repr__(self) -> str:
         return f"<Call {self.role}.{self.name}>"
@@ -124,11 +72,7 @@ class Call(Generic[R]):
 Program = Generator[Call[Any], Any, R]
 """A generator of calls that returns an ``R`` once the calls have been carried out."""
 
-Steps = Program[R] | Call[R]
-"""What a rule returns: its program, or the one call that is all it does (a step)."""
-
-# method -> (role, name, roles -> the backend's method)
-_METHODS: dict[Callable[..., Any], tuple[str, str, Callable[[Any], Any]]] = {}
+_METHODS: dict[Callable[..., Any], tuple[str, str]] = {}  # method -> (role, name)
 _ROLES: dict[str, tuple[str, ...]] = {}  # role -> the names of its methods
 _NAMES: dict[object, str] = {}  # protocol -> its role
 
@@ -144,7 +88,7 @@ def role(name: str) -> Callable[[T], T]:
             if inspect.isfunction(value) and (attr == "__call__" or not attr.startswith("_"))
         }
         for attr, method in methods.items():
-            _METHODS[method] = name, attr, operator.attrgetter(f"{name}.{attr}")
+            _METHODS[method] = name, attr
         _ROLES[name] = tuple(methods)
         _NAMES[protocol] = name
         return protocol
@@ -152,8 +96,14 @@ def role(name: str) -> Callable[[T], T]:
     return mark
 
 
-call = Call
-"""``call(Cache.get, key)``: the ``Call`` of a role's method, typed as it returns."""
+def call(method: Callable[Concatenate[Any, P], R], *args: P.args, **kwargs: P.kwargs) -> Call[R]:
+    """A call of ``method`` (a role's method, such as ``Cache.get``) on whatever plays
+    the role, with ``args``."""
+    try:
+        name, attr = _METHODS[method]
+    except KeyError:
+        raise TypeError(f"{method.__qualname__} is not a method of a role") from None
+    return Call(name, attr, args, kwargs)
 
 
 @role("clock")
@@ -200,11 +150,8 @@ def playing(backend: object, role: Callable[..., R]) -> R:
     return backend  # type: ignore[return-value]  # the awaited form: see above
 
 
-def run(program: Steps[R], roles: Roles) -> R:
-    """Carry out ``program``'s calls (or the step ``program``: a rule's form carries its
-    own out itself) on the blocking backends ``roles``; its result."""
-    if type(program) is Call:
-        program = iter(program)
+def run(program: Program[R], roles: Roles) -> R:
+    """Carry out ``program``'s calls on the blocking backends ``roles``; its result."""
     value: Any = None
     error: BaseException | None = None
     while True:
@@ -214,7 +161,7 @@ def run(program: Steps[R], roles: Roles) -> R:
             return stop.value  # type: ignore[no-any-return]
         value = error = None
         try:
-            value = step.find(roles)(*step.args, **step.kwargs)
+            value = getattr(getattr(roles, step.role), step.name)(*step.args, **step.kwargs)
         except Exception as exc:
             error = exc
         except BaseException:  # interrupted: the program's ``finally`` blocks run now
@@ -224,12 +171,10 @@ def run(program: Steps[R], roles: Roles) -> R:
 
 # Deliberately ``run`` line for line but for the await: one runner for both would cost
 # every blocking call an awaitable check.
-async def arun(program: Steps[R], roles: Roles) -> R:
-    """Carry out ``program``'s calls (or the step ``program``) on the backends ``roles``,
-    awaiting what they return that is awaitable (a backend that never blocks, such as
-    the in-process cache, may answer at once); its result."""
-    if type(program) is Call:
-        program = iter(program)
+async def arun(program: Program[R], roles: Roles) -> R:
+    """Carry out ``program``'s calls on the backends ``roles``, awaiting what they return
+    that is awaitable (a backend that never blocks, such as the in-process cache, may
+    answer at once); its result."""
     value: Any = None
     error: BaseException | None = None
     while True:
@@ -239,7 +184,7 @@ async def arun(program: Steps[R], roles: Roles) -> R:
             return stop.value  # type: ignore[no-any-return]
         value = error = None
         try:
-            value = step.find(roles)(*step.args, **step.kwargs)
+            value = getattr(getattr(roles, step.role), step.name)(*step.args, **step.kwargs)
             if inspect.isawaitable(value):
                 value = await value
         except Exception as exc:
@@ -255,7 +200,7 @@ class Blocking:
 
     roles: Any
 
-    def _carry_out(self, program: Steps[R]) -> R:
+    def _carry_out(self, program: Program[R]) -> R:
         """Run ``program`` on the instance's ``roles``."""
         return run(program, self.roles)
 
@@ -271,7 +216,7 @@ class Awaiting:
 
     roles: Any
 
-    def _carry_out(self, program: Steps[R]) -> Coroutine[Any, Any, R]:
+    def _carry_out(self, program: Program[R]) -> Coroutine[Any, Any, R]:
         """Run ``program`` on the instance's ``roles``, awaited."""
         return arun(program, self.roles)
 
@@ -282,12 +227,11 @@ class Awaiting:
 
 
 class rule(Generic[S, P, R]):
-    """A program (or a function returning its program or a step: ``Steps``) that is a
-    public method of its core's forms: blocking on a ``Blocking`` form, a coroutine on
-    an ``Awaiting`` one (typed so; the forms hold plain functions). Within the core,
-    ``Core.name.program`` is the function itself."""
+    """A program that is a public method of its core's forms: blocking on a ``Blocking``
+    form, a coroutine on an ``Awaiting`` one (typed so; the forms hold plain functions).
+    Within the core, ``Core.name.program`` is the program itself."""
 
-    def __init__(self, program: Callable[Concatenate[S, P], Steps[R]]) -> None:
+    def __init__(self, program: Callable[Concatenate[S, P], Program[R]]) -> None:
         self.program = program
         functools.update_wrapper(self, program)  # type: ignore[arg-type]
 
@@ -312,37 +256,19 @@ def _rules(form: type) -> list[tuple[str, rule[Any, ..., Any]]]:
     return [(name, value) for name, value in found.items() if isinstance(value, rule)]
 
 
-# A rule's step is carried out by its form's method itself, so that a rule that is one
-# call costs what that call costs: no runner called, no generator made.
-def _blocking(program: Callable[Concatenate[Any, P], Steps[R]]) -> Callable[..., R]:
+def _blocking(program: Callable[Concatenate[Any, P], Program[R]]) -> Callable[..., R]:
     @functools.wraps(program)
     def method(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        steps = program(self, *args, **kwargs)
-        if type(steps) is not Call:
-            return run(steps, self.roles)
-        try:
-            value = steps.find(self.roles)(*steps.args, **steps.kwargs)
-        except Exception as exc:
-            steps.fail(exc)
-        return value if steps.done is None else steps.done(value)
+        return run(program(self, *args, **kwargs), self.roles)
 
     return method
 
 
 def _awaitable(
-    program: Callable[Concatenate[Any, P], Steps[R]],
+    program: Callable[Concatenate[Any, P], Program[R]],
 ) -> Callable[..., Coroutine[Any, Any, R]]:
     @functools.wraps(program)
     async def method(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        steps = program(self, *args, **kwargs)
-        if type(steps) is not Call:
-            return await arun(steps, self.roles)
-        try:
-            value = steps.find(self.roles)(*steps.args, **steps.kwargs)
-            if inspect.isawaitable(value):
-                value = await value
-        except Exception as exc:
-            steps.fail(exc)
-        return value if steps.done is None else steps.done(value)
+        return await arun(program(self, *args, **kwargs), self.roles)
 
     return method

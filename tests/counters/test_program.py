@@ -2,15 +2,13 @@
 send each call's result back in, throw a failing call's exception in at the call, and,
 when a call is interrupted (a ``KeyboardInterrupt``, a cancelled task), close the
 program (it sees ``GeneratorExit``, and its ``finally`` blocks run) and pass the
-interruption on. A rule that is one call (a step) is made by its form's method itself,
-with the result and error its program of that call would give."""
+interruption on."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,6 @@ from shardkit._program import (
     Call,
     Program,
     Roles,
-    Steps,
     arun,
     call,
     playing,
@@ -40,11 +37,9 @@ class Backend:
 
     def __init__(self) -> None:
         self.asked: list[tuple[str, Any]] = []
-        self.callers: list[str] = []  # the function that made each call of double
 
     def double(self, n: int) -> int:
         self.asked.append(("double", n))
-        self.callers.append(sys._getframe(1).f_code.co_name)
         return 2 * n
 
     def fail(self, error: BaseException) -> None:
@@ -381,108 +376,3 @@ def test_forms_made_at_run_time_hold_every_rule_they_inherit() -> None:
     # Within a form, a program runs on its roles with _carry_out.
     assert sync._carry_out(Core.once.program(sync, 5)) == 10
     assert asyncio.run(asynchronous._carry_out(Core.once.program(asynchronous, 5))) == 10
-
-
-class StepCore:
-    """A core whose rule ``told`` is one call, a step; ``told_program`` is the same call
-    as a program; ``failing`` a step whose call raises, its error made by ``turn``."""
-
-    def __init__(self, backend: Backend) -> None:
-        self.roles = Playing(backend)
-
-    @rule
-    def told(self, n: int) -> Steps[str]:
-        return call(Backend.double, n).then(str)
-
-    @rule
-    def told_program(self, n: int) -> Program[str]:
-        return str((yield from call(Backend.double, n)))
-
-    @rule
-    def failing(
-        self, error: BaseException, turn: Callable[[Exception], Exception | None] | None
-    ) -> Steps[str]:
-        return call(Backend.fail, error).then(str, turn)
-
-
-class Stepper(StepCore, Blocking):
-    pass
-
-
-class AsyncStepper(StepCore, Awaiting):
-    pass
-
-
-def test_a_step_is_made_by_its_forms_method_as_its_program_is_by_the_runner() -> None:
-    """The same result (``then``'s), the same call; the form's method makes the call
-    itself (no runner, no generator), ``run`` and ``arun`` make it as a program of one
-    call, also within another program (``yield from``)."""
-    backend = Backend()
-    sync, asynchronous = Stepper(backend), AsyncStepper(backend)
-    assert type(StepCore.told.program(sync, 1)) is Call
-    assert (sync.told(3), sync.told_program(3)) == ("6", "6")
-    assert backend.callers == ["method", "run"]
-    assert asyncio.run(asynchronous.told(4)) == "8"
-    assert asyncio.run(asynchronous.told_program(4)) == "8"
-    assert backend.callers[2:] == ["method", "arun"]
-    assert run(StepCore.told.program(sync, 5), sync.roles) == "10"
-    assert asyncio.run(arun(StepCore.told.program(sync, 5), sync.roles)) == "10"
-
-    def within() -> Program[str]:
-        told = yield from StepCore.told.program(sync, 6)
-        return told + "!"
-
-    assert run(within(), sync.roles) == "12!"
-    assert backend.asked == [("double", n) for n in (3, 3, 4, 4, 5, 5, 6)]
-    assert backend.callers[4:] == ["run", "arun", "run"]
-
-
-@pytest.mark.parametrize("where", ["form", "async form", "run", "arun", "program"])
-def test_a_steps_error_is_raised_as_failed_makes_it_wherever_it_is_made(where: str) -> None:
-    """``failed``'s error is raised from the call's; where it gives None, or the step
-    has none, the call's own is raised; an interruption is never handed to it."""
-    backend = Backend()
-    sync, asynchronous = Stepper(backend), AsyncStepper(backend)
-    handed: list[BaseException] = []
-
-    def turn(exc: Exception) -> Exception | None:
-        handed.append(exc)
-        return None if isinstance(exc, KeyError) else RuntimeError("turned")
-
-    def raised_by(error: BaseException, turning: Any) -> BaseException:
-        """What the step raises where it is made (within a program: what it catches)."""
-        step = StepCore.failing.program(sync, error, turning)
-
-        def program() -> Program[BaseException | None]:
-            try:
-                yield from step
-            except Exception as exc:
-                return exc
-            return None
-
-        try:
-            if where == "form":
-                sync.failing(error, turning)
-            elif where == "async form":
-                asyncio.run(asynchronous.failing(error, turning))
-            elif where == "run":
-                run(step, sync.roles)
-            elif where == "arun":
-                asyncio.run(arun(step, sync.roles))
-            else:
-                caught = run(program(), sync.roles)
-                assert caught is not None
-                return caught
-        except BaseException as exc:
-            return exc
-        raise AssertionError("nothing was raised")
-
-    original, kept, plain = LookupError("gone"), KeyError("kept"), ValueError("plain")
-    turned = raised_by(original, turn)
-    assert isinstance(turned, RuntimeError)
-    assert turned.__cause__ is original
-    assert raised_by(kept, turn) is kept
-    assert raised_by(plain, None) is plain
-    interruption = KeyboardInterrupt()
-    assert raised_by(interruption, turn) is interruption
-    assert handed == [original, kept]

@@ -31,12 +31,6 @@ def test_the_forms_show_their_rules_as_called() -> None:
     awaited = package["aio.AsyncKit"].members["sharded"]
     assert (str(sharded.returns), "async" in sharded.labels) == ("ShardedCounter", False)
     assert (str(awaited.returns), "async" in awaited.labels) == ("AsyncShardedCounter", True)
-    # A rule that may return a step (``Steps[X]``) is shown as the one it is on the core.
-    for form, awaits in (("ShardedCounter", False), ("aio.AsyncShardedCounter", True)):
-        incr = package[form].members["incr"]
-        assert (str(incr.returns), "async" in incr.labels) == ("bool", awaits)
-        assert incr.docstring is not None
-        assert incr.docstring.value.startswith("Add ``delta``")
 
 
 def test_the_walk_finds_each_class_once_where_it_is_defined(tmp_path: Path) -> None:

@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from shardkit import metrics
-from shardkit._program import Blocking, Program, Steps, call, role, rule
+from shardkit._program import Blocking, Program, call, role, rule
 from shardkit._sync.combine import Combiner
 from shardkit.cache.base import Cache, Recording
 from shardkit.counters.base import (
@@ -152,7 +152,7 @@ class BufferedCore(CounterCore):
 
     # The form's: what combines concurrent bumps, and what runs a program.
     _combiner: Callable[[Callable[[Sequence[Any]], Any]], Any]
-    _carry_out: Callable[[Steps[Any]], Any]
+    _carry_out: Callable[[Program[Any]], Any]
 
     def __init__(
         self,
@@ -241,7 +241,7 @@ class BufferedCore(CounterCore):
         return self._scheduled != (os.getpid(), int(time.time() // self.interval))
 
     @rule
-    def decr(self, delta: int = 1, *, key: str | None = None) -> Steps[bool]:
+    def decr(self, delta: int = 1, *, key: str | None = None) -> Program[bool]:
         """Subtract ``delta``; the same contract as ``incr``."""
         return BufferedCore.incr.program(self, -check_delta(delta), key=key)
 
