@@ -21,6 +21,7 @@ polling with a deadline.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import re
@@ -31,6 +32,7 @@ from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
+from redis import Redis
 
 import shardkit
 import shardkit.counters.ids
@@ -481,3 +483,22 @@ def test_a_cache_outage_is_logged_in_a_few_lines_that_count_the_failures(
     finally:
         done.set()
         kit.close()
+
+
+def test_a_server_whose_free_port_another_took_starts_on_another(
+    redis_server: Server,
+) -> None:
+    """A port found free is free only until someone binds it (another test worker may):
+    a first start that finds its port taken by another server is made again on another
+    port, and answers as itself, not as the server that took the port."""
+    taken_by = redis_server.up()
+    with contextlib.closing(RedisServer()) as server:
+        server.port = taken_by.port  # as if another worker had bound it meanwhile
+        server.start()
+        assert server.port != taken_by.port
+        assert server.process is not None
+        client = Redis("127.0.0.1", server.port)
+        try:
+            assert int(client.info("server")["process_id"]) == server.process.pid
+        finally:
+            client.close()

@@ -61,6 +61,10 @@ def unavailable(reason: str) -> None:
 P = TypeVar("P", bound="Server")
 
 
+class _PortTaken(Exception):
+    """A server's first start found its port taken by another process."""
+
+
 class Server:
     """One server process on 127.0.0.1:``port``, with its files in a temporary directory.
 
@@ -82,6 +86,7 @@ class Server:
             shutil.chown(self.dir, self.user)
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
+        self._answered = False  # once: later starts keep the port (restarts)
 
     @property
     def url(self) -> str:
@@ -112,8 +117,23 @@ class Server:
         except OSError:
             return ""
 
+    def _other_port(self) -> int:
+        """A port for a first start whose port another process took meanwhile (a free
+        port is only free until someone binds it: another test worker may)."""
+        return free_port()
+
     def start(self) -> float:
-        """Start the server and wait until it answers; return that moment."""
+        """Start the server and wait until it answers; return that moment. A first start
+        whose port another process took meanwhile (the server exits, the port busy) is
+        made again on another port, twice at most."""
+        for _ in range(2):
+            try:
+                return self._start()
+            except _PortTaken:
+                self.port = self._other_port()
+        return self._start()
+
+    def _start(self) -> float:
         assert self.process is None or self.process.poll() is not None, "already running"
         prefix = []
         if shutil.which("setpriv"):
@@ -135,11 +155,14 @@ class Server:
         deadline = time.monotonic() + STARTUP
         while not self.answers():
             if self.process.poll() is not None:
+                if not self._answered and self.host is None and not _free(self.port):
+                    raise _PortTaken(self.port)
                 pytest.fail(f"{self.name} exited with {self.process.returncode}{self.status()}")
             if time.monotonic() > deadline:
                 self.stop()
                 pytest.fail(f"{self.name} did not answer within {STARTUP:.0f} s{self.status()}")
             time.sleep(0.01)
+        self._answered = True
         return time.monotonic()
 
     def stop(self) -> None:
@@ -291,13 +314,16 @@ class RedisServer(Server):
         ]
 
     def answers(self) -> bool:
+        """It answers, and it is this server's process (on this machine's loopback, a
+        server another test started on the same port is not)."""
         client = redis.Redis(self.address, self.port, socket_timeout=2, socket_connect_timeout=2)
         try:
-            return bool(client.ping())
+            pid = int(client.info("server")["process_id"])
         except redis.RedisError:
             return False
         finally:
             client.close()
+        return self.host is not None or self.process is None or pid == self.process.pid
 
 
 class ClusterNode(RedisServer):
@@ -312,13 +338,16 @@ class ClusterNode(RedisServer):
         """``taken``: the ports (and bus ports) of the other nodes of its cluster, which
         may not be listening yet; this node's are added."""
         super().__init__()
-        while (
-            {self.port, self.port + 10000} & taken
-            or self.port > 55535
-            or not _free(self.port + 10000)
-        ):
-            self.port = free_port()
-        taken |= {self.port, self.port - 10000, self.port + 10000}
+        self._taken = taken
+        self.port = self._other_port()
+
+    def _other_port(self) -> int:
+        """A free port whose bus port is free too, neither of them the cluster's."""
+        taken, port = self._taken, self.port
+        while {port, port + 10000} & taken or port > 55535 or not _free(port + 10000):
+            port = free_port()
+        taken |= {port, port - 10000, port + 10000}
+        return port
 
     def command(self) -> list[str]:
         return [
